@@ -1,0 +1,158 @@
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.attention import MultiHeadAttention, relation_aware_attention, relative_buckets
+
+
+def literal_attention(q, k, v, rel_k, rel_v, clip, key_padding_mask=None, causal=False, q_offset=0):
+    """Eq. 3-4 written pair by pair, as in the paper. Rows with no visible key give 0."""
+    B, H, Nq, D = q.shape
+    Nk = k.shape[2]
+    out = torch.zeros(B, H, Nq, D, dtype=q.dtype)
+
+    def edge(table, h, i, j):
+        if table is None:
+            return torch.zeros(D, dtype=q.dtype)
+        r = max(-clip, min(clip, j - (i + q_offset))) + clip
+        return table[r] if table.dim() == 2 else table[h, r]
+
+    for b, h, i in itertools.product(range(B), range(H), range(Nq)):
+        visible = [
+            j for j in range(Nk)
+            if not (causal and j > i + q_offset)
+            and not (key_padding_mask is not None and key_padding_mask[b, j])
+        ]
+        if not visible:
+            continue
+        e = torch.stack([q[b, h, i] @ (k[b, h, j] + edge(rel_k, h, i, j)) / math.sqrt(D) for j in visible])
+        alpha = e.softmax(0)
+        out[b, h, i] = sum(alpha[n] * (v[b, h, j] + edge(rel_v, h, i, j)) for n, j in enumerate(visible))
+    return out
+
+
+def make_inputs(B=2, H=3, Nq=5, Nk=5, D=4, clip=2, shared=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    table = (2 * clip + 1, D) if shared else (H, 2 * clip + 1, D)
+    return r(B, H, Nq, D), r(B, H, Nk, D), r(B, H, Nk, D), r(*table), r(*table)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("terms", ["both", "key", "value", "none"])
+@pytest.mark.parametrize("clip", [0, 1, 2, 100])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_literal_equations(shared, terms, clip, causal):
+    q, k, v, rk, rv = make_inputs(clip=clip, shared=shared)
+    rk = rk if terms in ("both", "key") else None
+    rv = rv if terms in ("both", "value") else None
+    got = relation_aware_attention(q, k, v, rk, rv, clip, causal=causal)
+    want = literal_attention(q, k, v, rk, rv, clip, causal=causal)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("terms", ["both", "key", "none"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_matches_literal_and_gets_no_mass(side, terms, causal):
+    q, k, v, rk, rv = make_inputs(Nq=6, Nk=6, clip=2)
+    rk = None if terms == "none" else rk
+    rv = rv if terms == "both" else None
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    if side == "left":
+        pad[0, :2] = True
+        pad[1, :1] = True
+    else:
+        pad[0, 4:] = True
+        pad[1, 5:] = True
+    got = relation_aware_attention(q, k, v, rk, rv, 2, key_padding_mask=pad, causal=causal)
+    want = literal_attention(q, k, v, rk, rv, 2, key_padding_mask=pad, causal=causal)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    # Changing what sits in padded keys must not change anything.
+    k2, v2 = k.clone(), v.clone()
+    k2.transpose(1, 2)[pad] = 1e3  # (B, Nk, H, D) view, indexed by (B, Nk)
+    v2.transpose(1, 2)[pad] = -1e3
+    again = relation_aware_attention(q, k2, v2, rk, rv, 2, key_padding_mask=pad, causal=causal)
+    torch.testing.assert_close(again, got, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("terms", ["both", "key", "none"])
+def test_fully_padded_row_is_zero_not_nan(terms):
+    q, k, v, rk, rv = make_inputs(clip=1)
+    rk = None if terms == "none" else rk
+    rv = rv if terms == "both" else None
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1] = True
+    q.requires_grad_(True)
+    out = relation_aware_attention(q, k, v, rk, rv, 1, key_padding_mask=pad)
+    assert not out.isnan().any()
+    assert out[1].abs().max() == 0
+    out.sum().backward()
+    assert not q.grad.isnan().any()
+
+
+@pytest.mark.parametrize("nq,q_offset", [(1, 0), (1, 4), (1, 7), (3, 2), (4, 4)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_q_offset_matches_literal(nq, q_offset, shared):
+    nk = q_offset + nq
+    q, k, v, rk, rv = make_inputs(Nq=nq, Nk=nk, clip=2, shared=shared)
+    got = relation_aware_attention(q, k, v, rk, rv, 2, causal=True, q_offset=q_offset)
+    want = literal_attention(q, k, v, rk, rv, 2, causal=True, q_offset=q_offset)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_q_offset_rows_equal_full_rows():
+    """A query at position t sees the same distances as row t of the full computation."""
+    q, k, v, rk, rv = make_inputs(Nq=7, Nk=7, clip=3)
+    full = relation_aware_attention(q, k, v, rk, rv, 3, causal=True)
+    for t in range(7):
+        step = relation_aware_attention(q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], rk, rv, 3,
+                                        causal=True, q_offset=t)
+        torch.testing.assert_close(step, full[:, :, t : t + 1], rtol=1e-10, atol=1e-10)
+
+
+def test_no_tables_equals_sdpa():
+    q, k, v, _, _ = make_inputs(Nq=5, Nk=7)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, 5:] = True
+    got = relation_aware_attention(q, k, v, None, None, 0, key_padding_mask=pad)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=~pad[:, None, None, :])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_relative_buckets_direction_and_clip():
+    b = relative_buckets(3, 5, clip=2)
+    # row i, column j holds clip(j - i, 2) + 2: distance +2 and -2 are different vectors
+    assert b.tolist() == [[2, 3, 4, 4, 4], [1, 2, 3, 4, 4], [0, 1, 2, 3, 4]]
+    assert relative_buckets(1, 4, clip=1, q_offset=3).tolist() == [[0, 0, 0, 1]]
+    assert relative_buckets(4, 4, clip=0).unique().tolist() == [0]
+
+
+def test_wrong_table_size_is_refused():
+    q, k, v, rk, rv = make_inputs(clip=2)
+    with pytest.raises(ValueError, match="clip=3 needs 7"):
+        relation_aware_attention(q, k, v, rk, rv, 3)
+
+
+def test_gradients_reach_both_tables():
+    torch.manual_seed(0)
+    for share in (False, True):
+        mha = MultiHeadAttention(16, 4, clip=2, share_heads=share)
+        x = torch.randn(2, 6, 16)
+        mha(x, mha.project_kv(x), causal=True).pow(2).sum().backward()
+        assert mha.rel_k.grad is not None and mha.rel_k.grad.abs().sum() > 0
+        assert mha.rel_v.grad is not None and mha.rel_v.grad.abs().sum() > 0
+        assert mha.rel_k.shape == ((5, 4) if share else (4, 5, 4))
+
+
+def test_separate_key_and_value_tables():
+    mha = MultiHeadAttention(16, 4, clip=2)
+    assert mha.rel_k.data_ptr() != mha.rel_v.data_ptr()
+    only_k = MultiHeadAttention(16, 4, clip=2, rel_value=False)
+    assert only_k.rel_v is None and only_k.rel_k is not None
+    absolute = MultiHeadAttention(16, 4, clip=None)
+    assert absolute.rel_k is None and absolute.rel_v is None

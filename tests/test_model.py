@@ -1,0 +1,115 @@
+import pytest
+import torch
+
+from nmt.config import AttentionAliases, ModelConfig, Norm, Position
+from nmt.model import BOS, PAD, Transformer, reorder
+
+VOCAB = 50
+
+
+def small_model(seed=0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    fields = dict(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, clip=3)
+    cfg = ModelConfig(**{**fields, **overrides})
+    return Transformer(cfg, VOCAB).eval()
+
+
+def tokens(b, n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, VOCAB, (b, n), generator=g)
+
+
+def test_relative_encoder_is_shift_invariant_and_absolute_is_not():
+    """Moving a sentence to later positions (padding before it) changes nothing for a relative-only model."""
+    src = tokens(1, 6)
+    padded = torch.cat([torch.full((1, 3), PAD), src], 1)
+    for position, invariant in ((Position.relative, True), (Position.absolute, False)):
+        model = small_model(position=position)
+        with torch.no_grad():
+            plain, shifted = model.encode(src), model.encode(padded)[:, 3:]
+        assert torch.allclose(plain, shifted, atol=1e-5) == invariant, position
+
+
+@pytest.mark.parametrize("position", [Position.relative, Position.absolute, Position.both])
+def test_swapping_two_tokens_changes_the_first_output(position):
+    model = small_model(position=position)
+    src = tokens(1, 6)
+    swapped = src.clone()
+    swapped[0, [2, 4]] = swapped[0, [4, 2]]
+    with torch.no_grad():
+        assert not torch.allclose(model.encode(src)[0, 0], model.encode(swapped)[0, 0], atol=1e-4)
+
+
+def test_no_position_encoder_cannot_see_order():
+    """The control for the test above: with position=none, the encoder is a bag of words."""
+    model = small_model(position=Position.none)
+    src = tokens(1, 6)
+    swapped = src.clone()
+    swapped[0, [2, 4]] = swapped[0, [4, 2]]
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(src)[0, 0], model.encode(swapped)[0, 0])
+
+
+def incremental_logits(model, src, tgt):
+    cache = model.start(model.encode(src), src)
+    steps = []
+    for t in range(tgt.shape[1]):
+        logits, cache = model.decode(tgt[:, t : t + 1], cache)
+        steps.append(logits)
+    return torch.cat(steps, 1)
+
+
+@pytest.mark.parametrize("position", list(Position))
+@pytest.mark.parametrize("norm", list(Norm))
+@pytest.mark.parametrize("share_heads", [False, True])
+def test_incremental_decoding_equals_teacher_forcing(position, norm, share_heads):
+    model = small_model(position=position, norm=norm, share_heads=share_heads)
+    src = tokens(3, 7)
+    src[1, 5:] = PAD
+    tgt = torch.cat([torch.full((3, 1), BOS), tokens(3, 8, seed=2)], 1)
+    with torch.no_grad():
+        full = model(src, tgt)
+        stepwise = incremental_logits(model, src, tgt)
+    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_does_not_leak_between_calls():
+    model = small_model()
+    src, tgt = tokens(2, 5), tokens(2, 6, seed=3)
+    with torch.no_grad():
+        first = incremental_logits(model, src, tgt)
+        cache = model.start(model.encode(src), src)
+        model.decode(tgt[:, :1], cache)  # using a cache must not change it
+        assert cache.step == 0 and cache.layers[0].self_kv is None
+        second = incremental_logits(model, src, tgt)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
+def test_reorder_selects_rows():
+    model = small_model()
+    src, tgt = tokens(3, 5), tokens(3, 4, seed=4)
+    with torch.no_grad():
+        cache = model.start(model.encode(src), src)
+        _, cache = model.decode(tgt[:, :2], cache)
+        order = torch.tensor([2, 2, 0])
+        logits, _ = model.decode(tgt[order, 2:3], reorder(cache, order))
+        want, _ = model.decode(tgt[order, :3], model.start(model.encode(src[order]), src[order]))
+    torch.testing.assert_close(logits[:, 0], want[:, 2], atol=1e-5, rtol=1e-5)
+
+
+def test_padded_source_rows_match_unpadded():
+    model = small_model()
+    src = tokens(1, 5)
+    tgt = torch.cat([torch.full((1, 1), BOS), tokens(1, 4, seed=5)], 1)
+    padded = torch.cat([src, torch.full((1, 3), PAD)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_has_no_edge_tables_and_aliases_resolve():
+    model = small_model(attention=AttentionAliases(clip=1, rel_value=False))
+    layer = model.decoder[0]
+    assert layer.cross_attn.rel_k is None and layer.cross_attn.rel_v is None
+    assert layer.self_attn.rel_k.shape[-2] == 3 and layer.self_attn.rel_v is None
+    with pytest.raises(ValueError, match="clip"):
+        small_model(clip=-1)

@@ -156,3 +156,60 @@ def test_separate_key_and_value_tables():
     assert only_k.rel_v is None and only_k.rel_k is not None
     absolute = MultiHeadAttention(16, 4, clip=None)
     assert absolute.rel_k is None and absolute.rel_v is None
+
+
+@pytest.mark.parametrize("terms", ["both", "key"])
+def test_many_buckets_path_matches_literal_and_autograd(terms, monkeypatch):
+    """Long sequences with a large k take the scatter_add path instead of the one-hot GEMM."""
+    import nmt.attention
+
+    q, k, v, rk, rv = make_inputs(B=1, H=2, Nq=12, Nk=12, D=3, clip=20)
+    rv = rv if terms == "both" else None
+    monkeypatch.setattr(nmt.attention, "ONE_HOT_MAX_BUCKETS", 4)
+    got = relation_aware_attention(q, k, v, rk, rv, 20, causal=True)
+    torch.testing.assert_close(got, literal_attention(q, k, v, rk, rv, 20, causal=True), rtol=1e-10, atol=1e-10)
+    inputs = [t.requires_grad_(True) for t in (q, k, v, rk) + ((rv,) if rv is not None else ())]
+    fn = lambda q, k, v, rk, rv=None: relation_aware_attention(q, k, v, rk, rv, 20, causal=True)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("clip", [0, 2, 9])
+def test_hand_written_backward_matches_gradcheck(shared, clip):
+    q, k, v, rk, rv = make_inputs(B=2, H=2, Nq=4, Nk=6, D=3, clip=clip, shared=shared)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    inputs = [t.requires_grad_(True) for t in (q, k, v, rk, rv)]
+    for causal, offset in ((False, 0), (True, 2)):
+        fn = lambda q, k, v, rk, rv: relation_aware_attention(  # noqa: E731
+            q, k, v, rk, rv, clip, key_padding_mask=pad, causal=causal, q_offset=offset)
+        assert torch.autograd.gradcheck(fn, inputs)
+
+
+def reference_with_dropout(q, k, v, rk, rv, clip, p):
+    """Plain autograd version of Eq. 3-4 that draws its dropout mask exactly like the fast path."""
+    b = relative_buckets(q.shape[2], k.shape[2], clip)
+    scale = q.shape[-1] ** -0.5
+    gather = lambda t: t.gather(-1, b.expand(*t.shape[:-1], -1))  # noqa: E731
+    scores = (q @ k.transpose(-1, -2) + gather(torch.einsum("bhnd,hrd->bhnr", q, rk))) * scale
+    probs = scores.softmax(-1)
+    keep = torch.rand_like(probs) >= p
+    dropped = probs * keep / (1 - p)
+    one_hot = F.one_hot(b, 2 * clip + 1).to(q.dtype)
+    return dropped @ v + torch.einsum("bhij,ijr,hrd->bhid", dropped, one_hot, rv)
+
+
+def test_dropout_forward_and_backward_match_autograd_reference():
+    q, k, v, rk, rv = make_inputs(clip=2)
+    grads = []
+    for fn in (relation_aware_attention, None):
+        inputs = [t.detach().clone().requires_grad_(True) for t in (q, k, v, rk, rv)]
+        torch.manual_seed(7)
+        if fn is None:
+            out = reference_with_dropout(*inputs, 2, 0.3)
+        else:
+            out = fn(*inputs, 2, dropout_p=0.3)
+        out.pow(2).sum().backward()
+        grads.append([out] + [t.grad for t in inputs])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)

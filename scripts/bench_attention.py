@@ -1,0 +1,174 @@
+"""Relative attention cost, side by side in one process (median of repeats, interleaved).
+
+1. One self-attention layer (projections + attention), forward + backward, d_model 512, 8 heads,
+   k=16 with a^K and a^V per head, ~1536 tokens per batch, n in {48, 96, 192}:
+   ours relative | ours without tables (F.scaled_dot_product_attention) | OpenNMT-py 3.5.1 relative.
+   Memory: bytes of activations the layer keeps for backward (deduplicated by storage).
+2. Whole models (tiny, base): one training step (forward, label-smoothed loss, backward),
+   position=relative vs position=absolute.
+
+    pip install --no-deps opennmt-py==3.5.1   # optional reference; skipped when missing
+    python scripts/bench_attention.py [--repeats 20] [--threads 2] [--device cpu] [--dtype float32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from nmt.attention import MultiHeadAttention
+from nmt.config import ModelConfig, Position
+from nmt.model import Transformer
+
+D_MODEL, HEADS, CLIP, TOKENS = 512, 8, 16, 1536
+
+
+def load_opennmt_attention():
+    """OpenNMT-py's MultiHeadedAttention without its package __init__ (which needs many extra deps)."""
+    spec = importlib.util.find_spec("onmt")
+    if spec is None:
+        return None
+    modules = Path(spec.submodule_search_locations[0]) / "modules"
+    package = types.ModuleType("onmt_ref")
+    package.__path__ = [str(modules)]
+    sys.modules["onmt_ref"] = package
+    mod_spec = importlib.util.spec_from_file_location("onmt_ref.multi_headed_attn", modules / "multi_headed_attn.py")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_spec.name] = module
+    mod_spec.loader.exec_module(module)
+    return module.MultiHeadedAttention
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def saved_bytes(step) -> int:
+    """Bytes of distinct storages autograd keeps for backward during step()."""
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step(backward=False)
+    return sum(seen.values())
+
+
+def time_interleaved(steps: dict, repeats: int, device) -> dict:
+    for step in steps.values():  # warm-up
+        step()
+        step()
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            sync(device)
+            start = time.perf_counter()
+            step()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def layer_steps(n: int, device, dtype, opennmt_cls):
+    batch = TOKENS // n
+    x = torch.randn(batch, n, D_MODEL, device=device, dtype=dtype)
+    layers = {
+        "ours_relative": MultiHeadAttention(D_MODEL, HEADS, clip=CLIP),
+        "sdpa": MultiHeadAttention(D_MODEL, HEADS, clip=None),
+    }
+    if opennmt_cls is not None:
+        layers["opennmt_relative"] = opennmt_cls(HEADS, D_MODEL, dropout=0.0, is_decoder=False,
+                                                 max_relative_positions=CLIP, attn_type="self")
+    steps = {}
+    for name, layer in layers.items():
+        layer.to(device=device, dtype=dtype).train()
+
+        def step(layer=layer, name=name, backward=True):
+            h = x.detach().requires_grad_(True)
+            out = layer(h, h, h)[0] if name.startswith("opennmt") else layer(h, layer.project_kv(h))
+            if backward:
+                out.float().pow(2).mean().backward()
+
+        steps[name] = step
+    return steps
+
+
+def model_steps(preset: str, device, dtype):
+    import yaml
+
+    fields = yaml.safe_load(open(Path(__file__).parent.parent / "configs/model" / f"{preset}.yaml"))
+    src = torch.randint(4, 8000, (32, 48), device=device)
+    tgt = torch.randint(4, 8000, (32, 49), device=device)
+    steps = {}
+    for position in (Position.relative, Position.absolute):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(**{**fields, "position": position}), 8000).to(device=device, dtype=dtype)
+
+        def step(model=model, backward=True):
+            logits = model(src, tgt[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten(), label_smoothing=0.1)
+            if backward:
+                loss.backward()
+
+        steps[position.value] = step
+    return steps
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--model-repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--output", default="results/bench_attention.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    opennmt_cls = load_opennmt_attention()
+    report = {"args": vars(args), "torch": torch.__version__, "layer": [], "model": []}
+
+    print(f"layer fwd+bwd, d_model {D_MODEL}, {HEADS} heads, k={CLIP}, {TOKENS} tokens/batch, "
+          f"{args.device} {args.dtype}, {args.threads} threads, median of {args.repeats}")
+    print("   n  ours_rel ms   sdpa ms  onmt_rel ms  ours/sdpa  onmt/sdpa  ours/onmt  mem ours/sdpa")
+    for n in (48, 96, 192):
+        steps = layer_steps(n, device, dtype, opennmt_cls)
+        t = time_interleaved(steps, args.repeats, device)
+        mem = {name: saved_bytes(step) for name, step in steps.items()}
+        onmt = t.get("opennmt_relative", float("nan"))
+        row = {"n": n, "ms": {k: v * 1e3 for k, v in t.items()}, "saved_mb": {k: v / 2**20 for k, v in mem.items()},
+               "ours_over_sdpa": t["ours_relative"] / t["sdpa"], "onmt_over_sdpa": onmt / t["sdpa"],
+               "mem_ours_over_sdpa": mem["ours_relative"] / mem["sdpa"]}
+        report["layer"].append(row)
+        print(f"{n:4d} {t['ours_relative'] * 1e3:12.2f} {t['sdpa'] * 1e3:9.2f} {onmt * 1e3:12.2f} "
+              f"{row['ours_over_sdpa']:10.3f} {row['onmt_over_sdpa']:10.3f} {t['ours_relative'] / onmt:10.3f} "
+              f"{row['mem_ours_over_sdpa']:14.3f}")
+
+    print(f"\nwhole model training step (batch 32 x 48 tokens), median of {args.model_repeats}")
+    print("preset  relative ms  absolute ms  rel/abs")
+    for preset in ("tiny", "base"):
+        t = time_interleaved(model_steps(preset, device, dtype), args.model_repeats, device)
+        ratio = t["relative"] / t["absolute"]
+        report["model"].append({"preset": preset, "ms": {k: v * 1e3 for k, v in t.items()}, "rel_over_abs": ratio})
+        print(f"{preset:6s} {t['relative'] * 1e3:12.1f} {t['absolute'] * 1e3:12.1f} {ratio:8.3f}")
+
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

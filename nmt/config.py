@@ -82,3 +82,19 @@ class DataConfig:
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
     prepared_dir: Optional[str] = None  # default: prepared/<src>-<tgt>.<name>
     chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
+
+
+@dataclass
+class PrepareJob:
+    data: DataConfig = MISSING
+    force: bool = False  # rebuild even when the manifest says the prepared data is up to date
+
+
+def register_schemas() -> None:
+    """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="prepare_schema", node=PrepareJob)
+    store.store(group="model", name="schema", node=ModelConfig)
+    store.store(group="data", name="schema", node=DataConfig)

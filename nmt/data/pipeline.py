@@ -1,0 +1,181 @@
+"""prepare: raw parallel text -> shared SentencePiece vocabulary -> binarized shards + manifest.json.
+
+Everything is built in a temporary folder next to the target and renamed into place at the
+end, so a failure never leaves a half-written prepared folder behind. A manifest records what
+produced the folder; re-running with the same inputs and settings is a no-op, anything else
+rebuilds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from tqdm import tqdm
+
+from nmt.config import DataConfig
+from nmt.data import readers
+from nmt.data.shards import ShardWriter
+from nmt.data.vocab import Vocab, train_vocab
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "valid", "test")
+
+
+def prepared_dir(cfg: DataConfig) -> Path:
+    return Path(cfg.prepared_dir or f"prepared/{cfg.name}_{cfg.src}_{cfg.tgt}")
+
+
+def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+    if cfg.name == "multi30k":
+        return readers.read_multi30k(cfg.root, split, cfg.src, cfg.tgt)
+    if cfg.name == "local":
+        return readers.read_local(_local_prefix(cfg, split), cfg.src, cfg.tgt)
+    if cfg.name == "wmt14":
+        rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
+        return readers.pairs_from_hub_split(rows, cfg.src, cfg.tgt)
+    raise readers.DataError(f"unknown data.name={cfg.name!r}: expected multi30k, local or wmt14")
+
+
+def _local_prefix(cfg: DataConfig, split: str) -> str:
+    prefix = getattr(cfg, split)
+    if not prefix:
+        raise readers.DataError(f"data=local needs data.{split}=PREFIX (reads PREFIX.{cfg.src} and PREFIX.{cfg.tgt})")
+    return prefix
+
+
+def describe_inputs(cfg: DataConfig) -> dict:
+    """What the prepared data is a function of: file digests, or the hub dataset's fingerprint."""
+    inputs = {}
+    for split in SPLITS:
+        if cfg.name == "wmt14":
+            rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
+            inputs[split] = {"hub": cfg.hub_name, "config": cfg.hub_config, "fingerprint": rows._fingerprint}
+            continue
+        prefix = (str(Path(cfg.root) / readers.MULTI30K_SPLITS[split]) if cfg.name == "multi30k"
+                  else _local_prefix(cfg, split))
+        files = [readers.find_file(prefix, lang) for lang in (cfg.src, cfg.tgt)]
+        inputs[split] = {str(f): readers.file_digest(f) for f in files}
+    return inputs
+
+
+def manifest_key(cfg: DataConfig) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "src": cfg.src, "tgt": cfg.tgt,
+        "inputs": describe_inputs(cfg),
+        "vocab": {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample},
+        "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio},
+    }
+
+
+def load_manifest(directory: Path) -> dict | None:
+    path = directory / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def drop_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
+    """Why a training pair (lengths in subword tokens) is dropped, or None to keep it."""
+    if src_len == 0 or tgt_len == 0:
+        return "empty"
+    if max(src_len, tgt_len) > max_len:
+        return "too_long"
+    if max(src_len, tgt_len) / min(src_len, tgt_len) > max_ratio:
+        return "ratio"
+    return None
+
+
+def _chunks(pairs, size):
+    iterator = iter(pairs)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _write_split(cfg: DataConfig, split: str, vocab: Vocab, out: Path) -> dict:
+    """Encode one split into shards. Training pairs are filtered; valid/test keep every line."""
+    writers = {side: ShardWriter(out, split, side, len(vocab)) for side in ("src", "tgt")}
+    raw = {} if split == "train" else {lang: open(out / f"{split}.{lang}", "w", encoding="utf-8")
+                                          for lang in (cfg.src, cfg.tgt)}
+    counts = Counter()
+    with tqdm(desc=f"encode {split}", unit=" pairs", leave=False) as bar:
+        for chunk in _chunks(read_split(cfg, split), cfg.chunk_lines):
+            sources = [s.strip() for s, _ in chunk]
+            targets = [t.strip() for _, t in chunk]
+            src_ids, tgt_ids = vocab.encode(sources), vocab.encode(targets)
+            counts["read"] += len(chunk)
+            if split == "train":
+                keep = [drop_reason(len(s), len(t), cfg.max_len, cfg.max_ratio) for s, t in zip(src_ids, tgt_ids)]
+                counts.update(f"dropped_{reason}" for reason in keep if reason)
+                src_ids = [ids for ids, reason in zip(src_ids, keep) if reason is None]
+                tgt_ids = [ids for ids, reason in zip(tgt_ids, keep) if reason is None]
+            else:
+                for lang, lines in ((cfg.src, sources), (cfg.tgt, targets)):
+                    raw[lang].writelines(line + "\n" for line in lines)
+            writers["src"].append(src_ids)
+            writers["tgt"].append(tgt_ids)
+            bar.update(len(chunk))
+    for f in raw.values():
+        f.close()
+    counts["kept"] = writers["src"].close()
+    writers["tgt"].close()
+    return dict(counts)
+
+
+def _write_vocab_input(cfg: DataConfig, path: Path) -> int:
+    """Both sides of the training text, one sentence per line, for SentencePiece."""
+    lines = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for src, tgt in tqdm(read_split(cfg, "train"), desc="collect vocab text", unit=" pairs", leave=False):
+            for sentence in (src.strip(), tgt.strip()):
+                if sentence:
+                    f.write(sentence + "\n")
+                    lines += 1
+    return lines
+
+
+def prepare(cfg: DataConfig, force: bool = False) -> Path:
+    """Build (or reuse, when up to date) the prepared folder for cfg; returns its path."""
+    target = prepared_dir(cfg)
+    key = manifest_key(cfg)
+    existing = load_manifest(target)
+    if not force and existing is not None and existing.get("key") == key:
+        log.info("%s is up to date (manifest matches inputs and settings)", target)
+        return target
+    if existing is not None:
+        log.info("%s is stale (inputs or settings changed): rebuilding", target)
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        vocab_text = work / "vocab_input.txt"
+        log.info("vocabulary text: %d sentences", _write_vocab_input(cfg, vocab_text))
+        vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample))
+        vocab_text.unlink()
+        stats = {split: _write_split(cfg, split, vocab, work) for split in SPLITS}
+        for split, counts in stats.items():
+            log.info("%s: %s", split, ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        manifest = {"key": key, "vocab_size": len(vocab), "stats": stats}
+        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        _replace(work, target)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return target
+
+
+def _replace(new: Path, target: Path) -> None:
+    old = target.parent / f".{target.name}.old-{os.getpid()}"
+    if target.exists():
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)

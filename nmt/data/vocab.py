@@ -1,0 +1,54 @@
+"""One shared SentencePiece word-piece vocabulary over both languages (as the paper's 32,768)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt.model import BOS, EOS, PAD, UNK
+
+log = logging.getLogger(__name__)
+
+
+def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
+    """Train BPE on a file of sentences (one per line); returns the .model path.
+
+    sample_size bounds the memory: SentencePiece draws that many sentences at random
+    (input_sentence_size with shuffle_input_sentence) instead of loading all of WMT14.
+    """
+    spm.SentencePieceTrainer.train(
+        input=str(text_file),
+        model_prefix=str(model_prefix),
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=0.9999,
+        byte_fallback=True,  # characters outside the vocabulary become bytes, never <unk>
+        input_sentence_size=sample_size,
+        shuffle_input_sentence=True,
+        pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+        num_threads=os.cpu_count() or 1,
+        max_sentence_length=1 << 16,
+        minloglevel=2,
+    )
+    return model_prefix.with_suffix(".model")
+
+
+class Vocab:
+    """Encode raw text to ids and decode ids back to detokenized text."""
+
+    def __init__(self, model_file: str | Path):
+        self.model_file = Path(model_file)
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, sentences: Iterable[str]) -> list[list[int]]:
+        return self.sp.encode(list(sentences), out_type=int, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode([i for i in ids if i > EOS])

@@ -1,0 +1,29 @@
+"""python -m nmt.prepare data=<preset> [data.field=...]: raw text -> vocabulary + shards."""
+
+import logging
+import sys
+
+import hydra
+from omegaconf import OmegaConf
+
+from nmt.config import DataConfig, register_schemas
+from nmt.data.pipeline import prepare
+from nmt.data.readers import DataError
+
+log = logging.getLogger("nmt.prepare")
+register_schemas()
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
+def main(cfg) -> None:
+    data: DataConfig = OmegaConf.to_object(cfg.data)
+    try:
+        path = prepare(data, force=cfg.force)
+    except DataError as err:
+        log.error("%s", err)
+        sys.exit(2)
+    log.info("prepared data in %s", path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+import gzip
+import json
+import os
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt.config import DataConfig
+from nmt.data import readers
+from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
+from nmt.data.pipeline import drop_reason, prepare
+from nmt.data.shards import Shard
+from nmt.data.vocab import Vocab
+from nmt.model import BOS, EOS, PAD
+
+ROOT = Path(__file__).resolve().parent.parent
+MULTI30K = ROOT / "data" / "multi30k"
+
+
+def multi30k_lines(split, lang, n):
+    with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [next(f).rstrip("\n") for _ in range(n)]
+
+
+def write(path: Path, lines, newline="\n", bom=False):
+    text = ("\ufeff" if bom else "") + "".join(line + newline for line in lines)
+    path.write_bytes(text.encode("utf-8"))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A small local corpus cut from Multi30k, with hand-placed lines the filters must catch."""
+    en, de = multi30k_lines("train", "en", 1500), multi30k_lines("train", "de", 1500)
+    en[10], de[10] = "", "Ein Satz ohne Quelle."
+    en[20], de[20] = "   ", "   "
+    en[30], de[30] = " ".join(["word"] * 150), " ".join(["Wort"] * 150)  # too long at max_len 100
+    en[40], de[40] = "Hi.", "Ein sehr langer deutscher Satz mit vielen zusätzlichen Wörtern darin."
+    write(tmp_path / "train.en", en)
+    write(tmp_path / "train.de", de)
+    valid_en = multi30k_lines("val", "en", 20)
+    valid_en[3] = ""  # valid/test keep every line, even an empty one
+    write(tmp_path / "valid.en", valid_en)
+    write(tmp_path / "valid.de", multi30k_lines("val", "de", 20))
+    write(tmp_path / "test.en", multi30k_lines("test_2016_flickr", "en", 15), newline="\r\n", bom=True)
+    write(tmp_path / "test.de", multi30k_lines("test_2016_flickr", "de", 15), newline="\r\n")
+    return tmp_path
+
+
+def local_config(directory: Path, **overrides) -> DataConfig:
+    fields = dict(name="local", src="en", tgt="de", train=str(directory / "train"), valid=str(directory / "valid"),
+                  test=str(directory / "test"), vocab_size=600, max_len=100, max_ratio=2.5,
+                  prepared_dir=str(directory / "prepared"), chunk_lines=400)
+    return DataConfig(**{**fields, **overrides})
+
+
+def test_drop_reason():
+    assert drop_reason(0, 5, 250, 1.5) == "empty"
+    assert drop_reason(5, 0, 250, 1.5) == "empty"
+    assert drop_reason(251, 250, 250, 1.5) == "too_long"
+    assert drop_reason(10, 16, 250, 1.5) == "ratio"
+    assert drop_reason(10, 15, 250, 1.5) is None
+    assert drop_reason(250, 250, 250, 1.5) is None
+
+
+def test_prepare_filters_train_keeps_valid_test_and_round_trips(corpus):
+    cfg = local_config(corpus)
+    out = prepare(cfg)
+    manifest = json.loads((out / "manifest.json").read_text())
+    vocab = Vocab(out / "spm.model")
+    train = Shard(out, "train", len(vocab))
+    stats = manifest["stats"]["train"]
+    assert stats["dropped_empty"] == 2 and stats["dropped_too_long"] == 1 and stats["dropped_ratio"] >= 1
+    assert stats["kept"] == len(train) == 1500 - sum(v for k, v in stats.items() if k.startswith("dropped"))
+    # what was kept is exactly the lines the filter accepts, in order
+    en = [line.strip() for line in readers.read_lines(corpus / "train.en")]
+    de = [line.strip() for line in readers.read_lines(corpus / "train.de")]
+    expected = [(s, t) for s, t in zip(vocab.encode(en), vocab.encode(de))
+                if drop_reason(len(s), len(t), cfg.max_len, cfg.max_ratio) is None]
+    assert len(expected) == len(train)
+    for i in (0, 7, len(train) - 1):
+        assert train[i][0].tolist() == expected[i][0] and train[i][1].tolist() == expected[i][1]
+    # valid and test: every line, in order, CRLF and BOM removed
+    for split, n in (("valid", 20), ("test", 15)):
+        assert len(Shard(out, split, len(vocab))) == n
+        raw = (out / f"{split}.en").read_text(encoding="utf-8").split("\n")[:-1]
+        assert len(raw) == n
+    assert (out / "valid.en").read_text().split("\n")[3] == ""
+    test_en = (out / "test.en").read_text(encoding="utf-8").split("\n")
+    assert test_en[0] == multi30k_lines("test_2016_flickr", "en", 1)[0]
+    assert not any("\r" in line or "\ufeff" in line for line in test_en)
+    # round trip on real text: ids decode back to the (NFKC-normalized) sentence
+    test = Shard(out, "test", len(vocab))
+    for i, line in enumerate(multi30k_lines("test_2016_flickr", "de", 15)):
+        assert vocab.decode(test[i][1].tolist()) == " ".join(unicodedata.normalize("NFKC", line).split())
+
+
+def test_vocab_special_ids_and_no_unk(corpus):
+    out = prepare(local_config(corpus))
+    vocab = Vocab(out / "spm.model")
+    sp = vocab.sp
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (PAD, 1, BOS, EOS)
+    ids = vocab.encode(["Ωμέγα 漢字 ☃"])[0]
+    assert 1 not in ids  # byte fallback: never <unk>
+    assert vocab.decode(ids) == "Ωμέγα 漢字 ☃"
+
+
+def test_manifest_reuses_and_detects_changed_input(corpus):
+    cfg = local_config(corpus)
+    out = prepare(cfg)
+    stamp = (out / "train.src.bin").stat().st_mtime_ns
+    assert prepare(cfg) == out
+    assert (out / "train.src.bin").stat().st_mtime_ns == stamp  # no-op
+    lines = (corpus / "train.de").read_text().split("\n")
+    lines[0] = "Etwas ganz anderes."
+    (corpus / "train.de").write_text("\n".join(lines))
+    prepare(cfg)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["key"]["inputs"]["train"][str(corpus / "train.de")] == readers.file_digest(corpus / "train.de")
+    assert Vocab(out / "spm.model").decode(Shard(out, "train", 600)[0][1].tolist()) == "Etwas ganz anderes."
+    prepare(local_config(corpus, max_len=50))  # a changed setting rebuilds too
+    assert json.loads((out / "manifest.json").read_text())["key"]["filters"]["max_len"] == 50
+
+
+def run_prepare(*overrides, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "nmt.prepare", *overrides], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_mismatched_files_are_refused_and_nothing_is_left(corpus):
+    lines = (corpus / "train.de").read_text().split("\n")
+    (corpus / "train.de").write_text("\n".join(lines[:-2]) + "\n")  # one line short
+    result = run_prepare("data=local", f"data.train={corpus}/train", f"data.valid={corpus}/valid",
+                         f"data.test={corpus}/test", "data.vocab_size=600", f"data.prepared_dir={corpus}/prepared")
+    assert result.returncode == 2
+    assert f"{corpus}/train.en has 1500 lines" in result.stderr + result.stdout
+    assert f"{corpus}/train.de has 1499 lines" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    assert not (corpus / "prepared").exists()
+    assert not [p for p in corpus.iterdir() if p.name.startswith(".prepared")]
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    (tmp_path / "bad.en").write_bytes(b"fine\nalso fine\nbroken \xff byte\n")
+    with pytest.raises(readers.DataError, match=r"bad\.en:3: invalid UTF-8"):
+        list(readers.read_lines(tmp_path / "bad.en"))
+
+
+def test_missing_file_names_its_path(tmp_path):
+    with pytest.raises(readers.DataError, match="missing file: .*nothing.en"):
+        list(readers.read_local(str(tmp_path / "nothing"), "en", "de"))
+
+
+def test_hub_rows_with_the_wmt14_schema():
+    datasets = pytest.importorskip("datasets")
+    rows = [{"translation": {"de": "Hallo Welt.", "en": "Hello world."}},
+            {"translation": {"de": "Zweite Zeile\r\n", "en": "Second line"}}]
+    dd = datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+    assert list(readers.pairs_from_hub_split(dd["test"], "en", "de")) == [
+        ("Hello world.", "Hallo Welt."), ("Second line", "Zweite Zeile")]
+    with pytest.raises(readers.DataError, match="expected en and fr"):
+        list(readers.pairs_from_hub_split(dd["test"], "en", "fr"))
+
+
+def test_offline_hub_fails_fast_with_instructions(monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(readers, "_hub_reachable", lambda: False)
+    with pytest.raises(readers.DataError, match="data=local"):
+        readers.load_hub_split("wmt/wmt14-not-cached", "de-en", "test")
+
+
+def random_lengths(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 60, n), rng.integers(1, 60, n)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_batches_respect_budget_and_cover_every_pair_once(world_size):
+    src, tgt = random_lengths(1000)
+    batches = make_batches(src, tgt, 300, seed=1, epoch=0, world_size=world_size)
+    per_rank = [rank_batches(batches, r, world_size) for r in range(world_size)]
+    assert len({len(b) for b in per_rank}) == 1
+    seen = np.concatenate([b for rank in per_rank for b in rank])
+    assert sorted(seen.tolist()) == list(range(1000))
+    for b in batches:
+        assert len(b) * max(src[b].max(), tgt[b].max()) <= 300
+
+
+def test_batches_are_deterministic_and_change_with_epoch():
+    src, tgt = random_lengths(500)
+    a = make_batches(src, tgt, 256, seed=3, epoch=2)
+    b = make_batches(src, tgt, 256, seed=3, epoch=2)
+    c = make_batches(src, tgt, 256, seed=3, epoch=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_length_bucketing_keeps_padding_low():
+    src, tgt = random_lengths(5000)
+    batches = make_batches(src, tgt, 4096, seed=0, epoch=0)
+    real = sum(int(src[b].sum() + tgt[b].sum()) for b in batches)
+    padded = sum(2 * len(b) * int(max(src[b].max(), tgt[b].max())) for b in batches)
+    assert real / padded > 0.6  # random independent src/tgt lengths; real corpora do much better
+
+
+def test_too_long_pair_for_budget_is_an_error():
+    with pytest.raises(ValueError, match="exceeds train.max_tokens=50"):
+        make_batches(np.array([10, 60]), np.array([10, 5]), 50, seed=0, epoch=0)
+
+
+def test_resume_at_position_gives_the_same_batches(corpus):
+    out = prepare(local_config(corpus))
+    shard = Shard(out, "train", 600)
+    full = list(epoch_batches(shard, 512, seed=5, epoch=1, rank=1, world_size=2))
+    resumed = list(epoch_batches(shard, 512, seed=5, epoch=1, rank=1, world_size=2, start=4))
+    assert [p for p, _ in resumed] == [p for p, _ in full][4:]
+    for (_, a), (_, b) in zip(full[4:], resumed):
+        assert a.src.equal(b.src) and a.tgt_in.equal(b.tgt_in)
+
+
+def test_collate_adds_bos_eos_and_pads_right(corpus):
+    out = prepare(local_config(corpus))
+    shard = Shard(out, "train", 600)
+    batch = collate(shard, np.array([0, 1]))
+    for row, i in enumerate((0, 1)):
+        src, tgt = shard[i]
+        assert batch.src[row, : len(src) + 1].tolist() == src.tolist() + [EOS]
+        assert batch.tgt_in[row, : len(tgt) + 1].tolist() == [BOS] + tgt.tolist()
+        assert batch.tgt_out[row, : len(tgt) + 1].tolist() == tgt.tolist() + [EOS]
+        assert batch.src[row, len(src) + 1 :].eq(PAD).all()

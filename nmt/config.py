@@ -84,6 +84,55 @@ class DataConfig:
     chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
 
 
+class Precision(str, Enum):
+    auto = "auto"  # bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+@dataclass
+class OptimConfig:
+    """Adam with the inverse-square-root schedule of Vaswani et al. 2017."""
+
+    lr_scale: float = 1.0  # lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    warmup: int = 4000
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0 = no clipping (the paper's recipe); the norm is logged either way
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100_000  # optimizer updates
+    max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
+    max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
+    update_freq: int = 1  # micro-batches accumulated per update (1 GPU reaches the 8-GPU batch with 8)
+    save_every_steps: int = 1000
+    save_every_minutes: float = 0.0  # 0 = off; the paper's big model saves every 10 minutes
+    keep_last: int = 20
+    average_last: int = 0  # at the end, average the last N checkpoints into output_dir/averaged.pt
+    seed: int = 1
+    output_dir: str = "${hydra:runtime.output_dir}"
+    device: str = "auto"  # auto | cpu | cuda
+    precision: Precision = Precision.auto
+    log_every: int = 100
+    valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
+    valid_bleu_sentences: int = 200  # 0 = no validation BLEU
+    max_bad_updates: int = 10  # consecutive non-finite losses before the run stops
+    threads: int = 0  # CPU threads per process; 0 = cores / local processes
+
+
+@dataclass
+class TrainJob:
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
 @dataclass
 class PrepareJob:
     data: DataConfig = MISSING
@@ -96,5 +145,6 @@ def register_schemas() -> None:
 
     store = ConfigStore.instance()
     store.store(name="prepare_schema", node=PrepareJob)
+    store.store(name="train_schema", node=TrainJob)
     store.store(group="model", name="schema", node=ModelConfig)
     store.store(group="data", name="schema", node=DataConfig)

@@ -16,46 +16,7 @@ from nmt.data.pipeline import drop_reason, prepare
 from nmt.data.shards import Shard
 from nmt.data.vocab import Vocab
 from nmt.model import BOS, EOS, PAD
-
-ROOT = Path(__file__).resolve().parent.parent
-MULTI30K = ROOT / "data" / "multi30k"
-
-
-def multi30k_lines(split, lang, n):
-    with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
-        return [next(f).rstrip("\n") for _ in range(n)]
-
-
-def write(path: Path, lines, newline="\n", bom=False):
-    text = ("\ufeff" if bom else "") + "".join(line + newline for line in lines)
-    path.write_bytes(text.encode("utf-8"))
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    """A small local corpus cut from Multi30k, with hand-placed lines the filters must catch."""
-    en, de = multi30k_lines("train", "en", 1500), multi30k_lines("train", "de", 1500)
-    en[10], de[10] = "", "Ein Satz ohne Quelle."
-    en[20], de[20] = "   ", "   "
-    en[30], de[30] = " ".join(["word"] * 150), " ".join(["Wort"] * 150)  # too long at max_len 100
-    en[40], de[40] = "Hi.", "Ein sehr langer deutscher Satz mit vielen zusätzlichen Wörtern darin."
-    write(tmp_path / "train.en", en)
-    write(tmp_path / "train.de", de)
-    valid_en = multi30k_lines("val", "en", 20)
-    valid_en[3] = ""  # valid/test keep every line, even an empty one
-    write(tmp_path / "valid.en", valid_en)
-    write(tmp_path / "valid.de", multi30k_lines("val", "de", 20))
-    write(tmp_path / "test.en", multi30k_lines("test_2016_flickr", "en", 15), newline="\r\n", bom=True)
-    write(tmp_path / "test.de", multi30k_lines("test_2016_flickr", "de", 15), newline="\r\n")
-    return tmp_path
-
-
-def local_config(directory: Path, **overrides) -> DataConfig:
-    fields = dict(name="local", src="en", tgt="de", train=str(directory / "train"), valid=str(directory / "valid"),
-                  test=str(directory / "test"), vocab_size=600, max_len=100, max_ratio=2.5,
-                  prepared_dir=str(directory / "prepared"), chunk_lines=400)
-    return DataConfig(**{**fields, **overrides})
-
+from tests.conftest import ROOT, local_config, multi30k_lines
 
 def test_drop_reason():
     assert drop_reason(0, 5, 250, 1.5) == "empty"

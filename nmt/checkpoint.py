@@ -1,0 +1,124 @@
+"""Checkpoints: atomic save, safe load (weights_only), resume lookup, and averaging.
+
+A checkpoint is a dict of tensors and plain containers: "model" (state_dict), "optimizer",
+"scaler", "step", "epoch", "batch" (data position), "rng", "config" (resolved, plain).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+LAST = "checkpoint_last.pt"
+_NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used: the message names the file and what to do."""
+
+
+def save_checkpoint(state: dict, path: str | Path) -> None:
+    """Write to a temporary file in the same folder, then rename: never a half-written checkpoint."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    """torch.load with weights_only=True: a file carrying pickled code is refused, not run."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # truncated zip, pickle refused by weights_only, wrong format...
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "weights_only" in str(err) or "Unsupported global" in str(err):
+            reason = f"it contains pickled Python objects, which are refused for safety ({reason})"
+        raise CheckpointError(f"{path}: not a usable checkpoint: {reason}") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a relnmt checkpoint (no 'model' entry)")
+    return state
+
+
+def numbered_checkpoints(directory: str | Path) -> list[Path]:
+    """checkpoint_<update>.pt files, oldest update first."""
+    found = [(int(m.group(1)), p) for p in Path(directory).glob("checkpoint_*.pt") if (m := _NUMBERED.search(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_numbered(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:
+    """checkpoint_<step>.pt, checkpoint_last.pt (a hard link to it) and pruning to keep_last."""
+    directory = Path(directory)
+    path = directory / f"checkpoint_{step:07d}.pt"
+    save_checkpoint(state, path)
+    link = directory / f".{LAST}.tmp-{os.getpid()}"
+    link.unlink(missing_ok=True)
+    try:
+        os.link(path, link)
+    except OSError:  # file systems without hard links
+        save_checkpoint(state, link)
+    os.replace(link, directory / LAST)
+    for old in numbered_checkpoints(directory)[:-keep_last] if keep_last > 0 else []:
+        old.unlink()
+    return path
+
+
+def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
+    """checkpoint_last.pt, or else the newest numbered checkpoint that loads (a truncated one is skipped)."""
+    directory = Path(directory)
+    candidates = [directory / LAST] + numbered_checkpoints(directory)[::-1]
+    for path in candidates:
+        if not path.exists():
+            continue
+        try:
+            return path, load_checkpoint(path)
+        except CheckpointError as err:
+            log.warning("skipping %s", err)
+    return None
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict:
+    """Mean of the "model" tensors of several checkpoints (float32 accumulation).
+
+    Floating-point tensors are averaged and cast back to their dtype; integer buffers are taken
+    from the last checkpoint. All checkpoints must hold the same keys and shapes.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    states = [load_checkpoint(p)["model"] for p in paths]
+    keys = set(states[0])
+    total: dict[str, torch.Tensor] = {}
+    for path, state in zip(paths, states):
+        if set(state) != keys:
+            diff = sorted(keys.symmetric_difference(state))[:5]
+            raise CheckpointError(f"{path}: parameters differ from {paths[0]} (e.g. {diff})")
+        for name, tensor in state.items():
+            if tensor.shape != states[0][name].shape:
+                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
+                                      f"{paths[0]} has {tuple(states[0][name].shape)}")
+            if tensor.is_floating_point():
+                total[name] = total[name] + tensor.float() if name in total else tensor.float().clone()
+    last = states[-1]
+    return {name: (total[name] / len(states)).to(t.dtype) if t.is_floating_point() else t.clone()
+            for name, t in last.items()}
+
+
+def write_average(paths: list[Path], output: str | Path) -> Path:
+    """Average paths into a checkpoint of the same format (config and step of the last one)."""
+    last = load_checkpoint(paths[-1])
+    state = {"model": average_checkpoints(paths), "config": last.get("config"), "step": last.get("step"),
+             "averaged_from": [Path(p).name for p in paths]}
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(state, output)
+    return Path(output)

@@ -1,0 +1,326 @@
+"""python -m nmt.train model=<preset> data=<preset> [...]: the training loop.
+
+Runs as one process, or under torchrun as DDP (NCCL on CUDA, gloo on CPU). Re-running the same
+command resumes from output_dir/checkpoint_last.pt exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from nmt.checkpoint import CheckpointError, latest_usable, numbered_checkpoints, save_numbered, write_average
+from nmt.config import OptimConfig, Precision, TrainConfig, TrainJob, register_schemas
+from nmt.data.batching import epoch_batches
+from nmt.data.pipeline import load_manifest, prepare, prepared_dir
+from nmt.data.readers import DataError
+from nmt.data.shards import Shard
+from nmt.model import PAD, Transformer, count_parameters
+
+log = logging.getLogger("nmt.train")
+
+
+def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """Vaswani et al. 2017, Eq. 3: linear warmup, then decay with the inverse square root of the step."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums over non-pad tokens of the label-smoothed loss and of the plain NLL (in float32)."""
+    log_probs = logits.float().log_softmax(-1)
+    keep = target.ne(PAD)
+    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    uniform = -log_probs.mean(-1)  # epsilon spread evenly over the vocabulary, as F.cross_entropy
+    loss = (1.0 - epsilon) * nll + epsilon * uniform
+    return loss[keep].sum(), nll[keep].sum()
+
+
+@dataclass
+class Env:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+
+def setup_env(cfg: TrainConfig) -> Env:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if want_cuda else torch.device("cpu")
+    if want_cuda:
+        torch.cuda.set_device(device)
+    else:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local))
+    if world_size > 1:
+        dist.init_process_group("nccl" if want_cuda else "gloo", device_id=device if want_cuda else None)
+    return Env(rank, world_size, local_rank, device)
+
+
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    if precision == Precision.fp32 or (precision == Precision.auto and device.type == "cpu"):
+        return None
+    if precision == Precision.fp16 or (precision == Precision.auto and not torch.cuda.is_bf16_supported()):
+        return torch.float16
+    return torch.bfloat16
+
+
+class Trainer:
+    def __init__(self, job: TrainJob, env: Env):
+        self.job, self.env, self.cfg = job, env, job.train
+        self.out = Path(self.cfg.output_dir)
+        data_dir = prepared_dir(job.data)
+        manifest = load_manifest(data_dir)
+        if manifest is None:
+            raise DataError(f"{data_dir} is not prepared: run python -m nmt.prepare data=<preset> first")
+        self.vocab_size = manifest["vocab_size"]
+        self.train_data = Shard(data_dir, "train", self.vocab_size)
+        self.valid_data = Shard(data_dir, "valid", self.vocab_size)
+        torch.manual_seed(self.cfg.seed)
+        self.model = Transformer(job.model, self.vocab_size).to(env.device)
+        self.ddp = DistributedDataParallel(self.model) if env.world_size > 1 else self.model
+        o: OptimConfig = job.optim
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(o.beta1, o.beta2), eps=o.eps)
+        self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
+        self.step, self.epoch, self.batch = 0, 0, 0
+        self.bad_updates = 0
+        self.saved_step = -1
+        self.writer = None
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        rng = {"torch": torch.get_rng_state()}
+        if self.env.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.env.device)
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch,
+            "rng": rng, "world_size": self.env.world_size, "vocab_size": self.vocab_size,
+            "data_dir": str(prepared_dir(self.job.data)),
+            "config": OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.batch = state["step"], state["epoch"], state["batch"]
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and self.env.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.env.device)
+        if state["world_size"] != self.env.world_size:
+            log.warning("resuming a %d-process run on %d processes: the data order changes from here",
+                        state["world_size"], self.env.world_size)
+
+    def resume(self) -> None:
+        found = latest_usable(self.out)
+        if found is None:
+            return
+        path, state = found
+        self.load_state_dict(state)
+        self.saved_step = self.step
+        log.info("resumed from %s at update %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch)
+
+    def save(self) -> None:
+        if self.env.main:
+            path = save_numbered(self.state_dict(), self.out, self.step, self.cfg.keep_last)
+            log.info("saved %s", path)
+        self.saved_step = self.step
+
+    # -- data ----------------------------------------------------------------------------------
+    def micro_batches(self):
+        """Endless stream of this rank's batches; self.epoch/self.batch always name the next one."""
+        while True:
+            batches = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed, self.epoch,
+                                    self.env.rank, self.env.world_size, start=self.batch)
+            for position, batch in batches:
+                self.batch = position + 1
+                yield batch
+            self.epoch, self.batch = self.epoch + 1, 0
+
+    # -- one update ----------------------------------------------------------------------------
+    def forward_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            logits = self.ddp(batch.src, batch.tgt_in)
+        return smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
+
+    def update(self, batches: list, out_of_time: bool) -> dict:
+        """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks."""
+        batches = [b.to(self.env.device) for b in batches]
+        local_tokens = sum(b.target_tokens for b in batches)
+        tokens, = self.env.all_sum([local_tokens])
+        lr = inverse_sqrt_lr(self.step + 1, self.job.model.d_model, self.job.optim.warmup, self.job.optim.lr_scale)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        loss_sum = nll_sum = 0.0
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            sync = contextlib.nullcontext() if last or self.env.world_size == 1 else self.ddp.no_sync()
+            with sync:
+                loss, nll = self.forward_loss(batch)
+                # DDP averages over ranks, so scale by world_size / global tokens for a per-token mean.
+                self.scaler.scale(loss * (self.env.world_size / tokens)).backward()
+            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
+        loss_sum, nll_sum, nonfinite, stop = self.env.all_sum(
+            [loss_sum, nll_sum, float(not math.isfinite(loss_sum)), float(out_of_time)])
+        self.scaler.unscale_(self.optimizer)
+        clip = self.job.optim.clip_norm if self.job.optim.clip_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        if nonfinite or not math.isfinite(loss_sum):
+            self.bad_updates += 1
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()
+            log.warning("non-finite loss at update %d: update skipped (%d in a row)", self.step + 1, self.bad_updates)
+            if self.bad_updates >= self.cfg.max_bad_updates:
+                raise FloatingPointError(f"{self.bad_updates} non-finite losses in a row at update {self.step + 1}; "
+                                         f"lower optim.lr_scale, raise optim.warmup, or use train.precision=fp32")
+            return {"skipped": True, "stop": bool(stop)}
+        self.bad_updates = 0
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50)),
+                "lr": lr, "grad_norm": grad_norm, "tokens": tokens, "stop": bool(stop), "skipped": False}
+
+    # -- validation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def validate(self) -> dict:
+        self.model.eval()
+        loss_sum = nll_sum = tokens = 0.0
+        for _, batch in epoch_batches(self.valid_data, self.cfg.max_tokens, 0, 0, self.env.rank, self.env.world_size):
+            batch = batch.to(self.env.device)
+            with torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                logits = self.model(batch.src, batch.tgt_in)
+            loss, nll = smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
+            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.target_tokens
+        loss_sum, nll_sum, tokens = self.env.all_sum([loss_sum, nll_sum, tokens])
+        return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def train(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.resume()
+        cfg, env = self.cfg, self.env
+        if env.main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tensorboard"))
+        log.info("world size %d on %s, %s precision; %s parameters; effective batch <= %d tokens per update",
+                 env.world_size, env.device, self.amp_dtype or "fp32", f"{count_parameters(self.model):,}",
+                 cfg.max_tokens * cfg.update_freq * env.world_size)
+        stream = self.micro_batches()
+        start = last_save = last_log = time.monotonic()
+        tokens_since_log = 0
+        bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not env.main, dynamic_ncols=True)
+        while self.step < cfg.max_steps:
+            out_of_time = cfg.max_minutes > 0 and time.monotonic() - start > cfg.max_minutes * 60
+            stats = self.update([next(stream) for _ in range(cfg.update_freq)], out_of_time)
+            if stats["skipped"]:
+                if stats["stop"]:
+                    break
+                continue
+            bar.update(1)
+            tokens_since_log += stats["tokens"]
+            if self.step % cfg.log_every == 0 or self.step == 1:
+                now = time.monotonic()
+                stats["tokens_per_s"] = tokens_since_log / max(now - last_log, 1e-9)
+                last_log, tokens_since_log = now, 0
+                self.log_scalars("train", stats)
+                bar.set_postfix(loss=f"{stats['loss']:.3f}", ppl=f"{stats['ppl']:.1f}",
+                                tok_s=f"{stats['tokens_per_s']:.0f}", lr=f"{stats['lr']:.2e}")
+            if cfg.valid_every and self.step % cfg.valid_every == 0:
+                self.log_scalars("valid", self.validate())
+            due_by_time = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
+            if self.step % cfg.save_every_steps == 0 or due_by_time or stats["stop"]:
+                self.save()
+                last_save = time.monotonic()
+            if stats["stop"]:
+                log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
+                break
+        bar.close()
+        if self.saved_step != self.step:
+            self.save()
+        self.log_scalars("valid", self.validate())
+        if env.main and cfg.average_last > 0:
+            paths = numbered_checkpoints(self.out)[-cfg.average_last:]
+            log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))
+        log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - start) / 60)
+
+    def log_scalars(self, prefix: str, stats: dict) -> None:
+        if not self.env.main:
+            return
+        shown = {k: v for k, v in stats.items() if isinstance(v, float) or k == "tokens"}
+        for key, value in shown.items():
+            self.writer.add_scalar(f"{prefix}/{key}", value, self.step)
+        self.writer.flush()
+        log.info("%s update %d: %s", prefix, self.step, " ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+
+
+def setup_logging(out: Path, main: bool) -> None:
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(out / "train.log"))
+    logging.basicConfig(level=logging.INFO if main else logging.WARNING, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run(job: TrainJob) -> Path:
+    env = setup_env(job.train)
+    setup_logging(Path(job.train.output_dir), env.main)
+    try:
+        if env.main:
+            prepare(job.data)  # a no-op when the prepared data is up to date
+        if env.world_size > 1:
+            dist.barrier()
+        Trainer(job, env).train()
+    finally:
+        if env.world_size > 1:
+            dist.destroy_process_group()
+    return Path(job.train.output_dir)
+
+
+register_schemas()
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+def main(cfg) -> None:
+    job: TrainJob = OmegaConf.to_object(cfg)
+    try:
+        run(job)
+    except (DataError, CheckpointError, FloatingPointError) as err:
+        log.error("%s", err)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nmt import train as train_module
+from nmt.average import main as average_main
+from nmt.checkpoint import (CheckpointError, LAST, average_checkpoints, latest_usable, load_checkpoint,
+                            numbered_checkpoints, save_checkpoint)
+from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
+from nmt.data.batching import make_batches
+from nmt.data.pipeline import prepared_dir
+from nmt.data.shards import Shard
+from nmt.train import inverse_sqrt_lr, run, smoothed_loss
+from tests.conftest import ROOT
+
+MICRO_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, clip=4)
+
+
+def job(data, out: Path, **train) -> TrainJob:
+    fields = dict(max_steps=6, max_tokens=600, save_every_steps=2, keep_last=10, log_every=1, valid_every=0,
+                  output_dir=str(out), threads=1, seed=3)
+    return TrainJob(model=ModelConfig(**MICRO_MODEL), data=data,
+                    optim=OptimConfig(warmup=4, lr_scale=2.0), train=TrainConfig(**{**fields, **train}))
+
+
+def params(path) -> dict:
+    return load_checkpoint(path)["model"]
+
+
+def test_schedule_formula():
+    d, w = 512, 4000
+    assert inverse_sqrt_lr(1, d, w) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert inverse_sqrt_lr(4000, d, w) == pytest.approx(512**-0.5 * 4000**-0.5)  # the peak
+    assert inverse_sqrt_lr(16384, d, w) == pytest.approx(512**-0.5 / 128)
+    assert inverse_sqrt_lr(2000, d, w) == pytest.approx(inverse_sqrt_lr(4000, d, w) / 2)  # linear warmup
+    assert inverse_sqrt_lr(100, d, w, scale=2.0) == pytest.approx(2 * inverse_sqrt_lr(100, d, w))
+
+
+def test_smoothed_loss_matches_cross_entropy():
+    logits, target = torch.randn(2, 5, 11), torch.randint(1, 11, (2, 5))
+    target[1, 3:] = 0  # PAD
+    loss, nll = smoothed_loss(logits, target, 0.1)
+    want = torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0,
+                                             label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=0, reduction="sum"))
+
+
+def test_exact_resume(prepared, tmp_path):
+    run(job(prepared, tmp_path / "straight", max_steps=6))
+    run(job(prepared, tmp_path / "resumed", max_steps=3))
+    run(job(prepared, tmp_path / "resumed", max_steps=6))  # the same command, extended: resumes at 3
+    a, b = params(tmp_path / "straight" / LAST), params(tmp_path / "resumed" / LAST)
+    assert load_checkpoint(tmp_path / "resumed" / LAST)["step"] == 6
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert not torch.equal(a["embed.weight"], params(tmp_path / "resumed" / "checkpoint_0000002.pt")["embed.weight"])
+
+
+def test_checkpoint_contents_and_retention(prepared, tmp_path):
+    run(job(prepared, tmp_path, max_steps=8, keep_last=2, average_last=2))
+    assert [p.name for p in numbered_checkpoints(tmp_path)] == ["checkpoint_0000006.pt", "checkpoint_0000008.pt"]
+    state = load_checkpoint(tmp_path / LAST)
+    assert {"model", "optimizer", "scaler", "step", "epoch", "batch", "rng", "config"} <= set(state)
+    assert state["config"]["model"]["d_model"] == 32 and state["config"]["train"]["max_steps"] == 8
+    averaged = load_checkpoint(tmp_path / "averaged.pt")
+    assert averaged["averaged_from"] == ["checkpoint_0000006.pt", "checkpoint_0000008.pt"]
+
+
+def test_average_equals_parameter_mean(prepared, tmp_path):
+    run(job(prepared, tmp_path, max_steps=6))
+    out = tmp_path / "avg.pt"
+    assert average_main([str(tmp_path), "--last", "3", "--output", str(out)]) == 0
+    states = [params(tmp_path / f"checkpoint_{s:07d}.pt") for s in (2, 4, 6)]
+    averaged = params(out)
+    for name, tensor in averaged.items():
+        want = sum(s[name].double() for s in states) / 3
+        torch.testing.assert_close(tensor.double(), want, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(averaged["embed.weight"], states[-1]["embed.weight"])
+    assert average_main([str(tmp_path), "--last", "9", "--output", str(out)]) == 2
+
+
+def test_average_refuses_mismatched_keys(tmp_path):
+    save_checkpoint({"model": {"a": torch.ones(2)}}, tmp_path / "checkpoint_0000001.pt")
+    save_checkpoint({"model": {"b": torch.ones(2)}}, tmp_path / "checkpoint_0000002.pt")
+    with pytest.raises(CheckpointError, match="parameters differ"):
+        average_checkpoints(numbered_checkpoints(tmp_path))
+
+
+def test_integer_buffers_are_taken_not_averaged(tmp_path):
+    save_checkpoint({"model": {"w": torch.zeros(2), "n": torch.tensor(3)}}, tmp_path / "a.pt")
+    save_checkpoint({"model": {"w": torch.ones(2), "n": torch.tensor(7)}}, tmp_path / "b.pt")
+    avg = average_checkpoints([tmp_path / "a.pt", tmp_path / "b.pt"])
+    assert avg["n"].item() == 7 and avg["n"].dtype == torch.int64
+    assert avg["w"].tolist() == [0.5, 0.5]
+
+
+def test_truncated_checkpoint_is_reported_and_resume_falls_back(prepared, tmp_path):
+    run(job(prepared, tmp_path, max_steps=4))
+    last = tmp_path / LAST
+    newest = numbered_checkpoints(tmp_path)[-1]
+    data = newest.read_bytes()
+    last.unlink()
+    last.write_bytes(data[: len(data) // 2])  # a crash mid-copy
+    newest.unlink()
+    newest.write_bytes(data[: len(data) // 3])
+    with pytest.raises(CheckpointError, match=f"{LAST}: not a usable checkpoint"):
+        load_checkpoint(last)
+    path, state = latest_usable(tmp_path)
+    assert path.name == "checkpoint_0000002.pt" and state["step"] == 2
+    run(job(prepared, tmp_path, max_steps=4))  # auto-resume from update 2 and finish
+    assert load_checkpoint(tmp_path / LAST)["step"] == 4
+
+
+def test_pickled_code_is_refused(tmp_path):
+    torch.save({"model": {}, "payload": Path("/tmp")}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="pickled Python objects"):
+        load_checkpoint(tmp_path / "evil.pt")
+
+
+def test_nonfinite_loss_skips_the_update_then_stops(prepared, tmp_path, monkeypatch):
+    real = train_module.smoothed_loss
+    calls = {"n": 0}
+
+    def sometimes_nan(logits, target, epsilon):
+        calls["n"] += 1
+        loss, nll = real(logits, target, epsilon)
+        return (loss * float("nan"), nll) if calls["n"] == 3 else (loss, nll)
+
+    monkeypatch.setattr(train_module, "smoothed_loss", sometimes_nan)
+    run(job(prepared, tmp_path / "one", max_steps=4))
+    assert load_checkpoint(tmp_path / "one" / LAST)["step"] == 4  # the NaN update was skipped, not counted
+    assert math.isfinite(sum(t.sum().item() for t in params(tmp_path / "one" / LAST).values()))
+
+    monkeypatch.setattr(train_module, "smoothed_loss", 
+                        lambda logits, target, eps: (logits.sum() * float("nan"), logits.sum().detach()))
+    with pytest.raises(FloatingPointError, match="3 non-finite losses in a row"):
+        run(job(prepared, tmp_path / "all", max_steps=4, max_bad_updates=3))
+
+
+def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_path):
+    """torchrun --nproc_per_node=2 (gloo) takes the same updates as 1 process with update_freq=2."""
+    shard = Shard(prepared_dir(prepared), "train", 600)
+    lengths = (shard.src_lengths + 1, shard.tgt_lengths + 1)
+    budget = next(m for m in range(600, 700, 10) if len(make_batches(*lengths, m, 3, 0, 1)) % 2 == 0)
+    overrides = [
+        "data=local", f"data.train={prepared.train}", f"data.valid={prepared.valid}", f"data.test={prepared.test}",
+        f"data.vocab_size={prepared.vocab_size}", f"data.max_len={prepared.max_len}",
+        f"data.max_ratio={prepared.max_ratio}", f"data.prepared_dir={prepared.prepared_dir}",
+        f"data.chunk_lines={prepared.chunk_lines}",
+        *[f"model.{k}={v}" for k, v in MICRO_MODEL.items()], "model.dropout=0.0", "optim.warmup=4", "optim.lr_scale=2.0",
+        "train.max_steps=3", f"train.max_tokens={budget}", "train.valid_every=0", "train.seed=3", "train.threads=1",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "-m", "nmt.train", *overrides, f"train.output_dir={tmp_path}/ddp"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert "world size 2 on cpu" in ddp.stderr
+    single = subprocess.run([sys.executable, "-m", "nmt.train", *overrides, "train.update_freq=2",
+                             f"train.output_dir={tmp_path}/single"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr[-3000:]
+    a, b = params(tmp_path / "ddp" / LAST), params(tmp_path / "single" / LAST)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)

@@ -117,8 +117,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
 def write_average(paths: list[Path], output: str | Path) -> Path:
     """Average paths into a checkpoint of the same format (config and step of the last one)."""
     last = load_checkpoint(paths[-1])
-    state = {"model": average_checkpoints(paths), "config": last.get("config"), "step": last.get("step"),
-             "averaged_from": [Path(p).name for p in paths]}
+    state = {"model": average_checkpoints(paths), "averaged_from": [Path(p).name for p in paths],
+             **{key: last[key] for key in ("config", "step", "vocab", "data_dir") if key in last}}
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(state, output)
     return Path(output)

@@ -62,6 +62,13 @@ class ModelConfig:
         return ModelConfig(**fields)
 
 
+def model_config_from_dict(fields: dict) -> ModelConfig:
+    """ModelConfig from the plain dict stored in a checkpoint."""
+    fields = dict(fields)
+    fields["attention"] = AttentionAliases(**fields.get("attention", {}))
+    return ModelConfig(**fields).resolved()
+
+
 @dataclass
 class DataConfig:
     name: str = MISSING  # multi30k | wmt14 | local

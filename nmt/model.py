@@ -158,6 +158,10 @@ class Transformer(nn.Module):
         logits = self.decoder_norm(x) @ self.embed.weight.t()  # (B, Nt, V)
         return logits, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])
 
+    @staticmethod
+    def reorder(cache: DecoderCache, indices: Tensor) -> DecoderCache:
+        return reorder(cache, indices)
+
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, Nt, V); tgt_in starts with BOS and is right-padded."""
         memory = self.encode(src)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import OmegaConf
+from sacrebleu.metrics import BLEU
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
@@ -27,9 +28,11 @@ from nmt.checkpoint import CheckpointError, latest_usable, numbered_checkpoints,
 from nmt.config import OptimConfig, Precision, TrainConfig, TrainJob, register_schemas
 from nmt.data.batching import epoch_batches
 from nmt.data.pipeline import load_manifest, prepare, prepared_dir
-from nmt.data.readers import DataError
+from nmt.data.readers import DataError, read_lines
+from nmt.data.vocab import Vocab
 from nmt.data.shards import Shard
 from nmt.model import PAD, Transformer, count_parameters
+from nmt.translate import translate_lines
 
 log = logging.getLogger("nmt.train")
 
@@ -100,6 +103,8 @@ class Trainer:
         if manifest is None:
             raise DataError(f"{data_dir} is not prepared: run python -m nmt.prepare data=<preset> first")
         self.vocab_size = manifest["vocab_size"]
+        self.data_dir = data_dir
+        self.spm_model = (data_dir / "spm.model").read_bytes()  # checkpoints carry their vocabulary
         self.train_data = Shard(data_dir, "train", self.vocab_size)
         self.valid_data = Shard(data_dir, "valid", self.vocab_size)
         torch.manual_seed(self.cfg.seed)
@@ -123,7 +128,8 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch,
             "rng": rng, "world_size": self.env.world_size, "vocab_size": self.vocab_size,
-            "data_dir": str(prepared_dir(self.job.data)),
+            "data_dir": str(self.data_dir),
+            "vocab": torch.frombuffer(bytearray(self.spm_model), dtype=torch.uint8),
             "config": OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True),
         }
 
@@ -223,11 +229,26 @@ class Trainer:
             loss, nll = smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
             loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.target_tokens
         loss_sum, nll_sum, tokens = self.env.all_sum([loss_sum, nll_sum, tokens])
-        return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
+        stats = {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
+        if self.env.main and self.cfg.valid_bleu_sentences > 0:
+            stats["bleu_greedy"] = self.valid_bleu(self.cfg.valid_bleu_sentences)
+        return stats
+
+    def valid_bleu(self, sentences: int) -> float:
+        """sacreBLEU of greedy translations of the first validation sentences (a progress signal only)."""
+        data = self.job.data
+        sources = list(read_lines(self.data_dir / f"valid.{data.src}"))[:sentences]
+        refs = list(read_lines(self.data_dir / f"valid.{data.tgt}"))[:sentences]
+        vocab = Vocab(model_proto=self.spm_model)
+        with torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            hyps = translate_lines(self.model, vocab, sources, beam=1, device=self.env.device)
+        return BLEU().corpus_score(hyps, [refs]).score
 
     # -- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.env.main:
+            (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         self.resume()
         cfg, env = self.cfg, self.env
         if env.main:
@@ -239,7 +260,7 @@ class Trainer:
                  cfg.max_tokens * cfg.update_freq * env.world_size)
         stream = self.micro_batches()
         start = last_save = last_log = time.monotonic()
-        tokens_since_log = 0
+        tokens_since_log, validated = 0, -1
         bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not env.main, dynamic_ncols=True)
         while self.step < cfg.max_steps:
             out_of_time = cfg.max_minutes > 0 and time.monotonic() - start > cfg.max_minutes * 60
@@ -259,6 +280,7 @@ class Trainer:
                                 tok_s=f"{stats['tokens_per_s']:.0f}", lr=f"{stats['lr']:.2e}")
             if cfg.valid_every and self.step % cfg.valid_every == 0:
                 self.log_scalars("valid", self.validate())
+                validated = self.step
             due_by_time = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
             if self.step % cfg.save_every_steps == 0 or due_by_time or stats["stop"]:
                 self.save()
@@ -269,7 +291,8 @@ class Trainer:
         bar.close()
         if self.saved_step != self.step:
             self.save()
-        self.log_scalars("valid", self.validate())
+        if validated != self.step:
+            self.log_scalars("valid", self.validate())
         if env.main and cfg.average_last > 0:
             paths = numbered_checkpoints(self.out)[-cfg.average_last:]
             log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))

@@ -40,9 +40,11 @@ def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_siz
 class Vocab:
     """Encode raw text to ids and decode ids back to detokenized text."""
 
-    def __init__(self, model_file: str | Path):
-        self.model_file = Path(model_file)
-        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    def __init__(self, model_file: str | Path | None = None, model_proto: bytes | None = None):
+        if model_proto is not None:
+            self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        else:
+            self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
 
     def __len__(self) -> int:
         return self.sp.get_piece_size()
@@ -51,4 +53,6 @@ class Vocab:
         return self.sp.encode(list(sentences), out_type=int, num_threads=os.cpu_count() or 1)
 
     def decode(self, ids: list[int]) -> str:
-        return self.sp.decode([i for i in ids if i > EOS])
+        """Detokenized text of one line (a decoded newline byte would break line alignment: made a space)."""
+        text = self.sp.decode([i for i in ids if i > EOS])
+        return text.replace("\r", " ").replace("\n", " ") if "\n" in text or "\r" in text else text

@@ -1,0 +1,135 @@
+"""python -m nmt.translate checkpoint=PATH [beam=4 alpha=0.6] [input=FILE] [output=FILE]
+
+Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
+exactly one output line per input line, in input order. Empty or whitespace-only lines give
+empty lines; lines longer than the model's limit are truncated with a warning, never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+from tqdm import tqdm
+
+from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.config import model_config_from_dict
+from nmt.data.batching import pad_rows
+from nmt.data.readers import DataError, read_lines
+from nmt.data.vocab import Vocab
+from nmt.model import EOS, Transformer
+from nmt.search import beam_search, greedy
+
+log = logging.getLogger("nmt.translate")
+
+
+@dataclass
+class DecodeJob:
+    checkpoint: str = MISSING
+    beam: int = 4  # 1 = greedy
+    alpha: float = 0.6  # GNMT length penalty exponent
+    input: Optional[str] = None  # default: stdin
+    output: Optional[str] = None  # default: stdout
+    max_extra: int = 50  # longest output = source length + max_extra
+    max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
+    device: str = "auto"
+
+
+def load_translator(checkpoint: str | Path, device: torch.device) -> tuple[Transformer, Vocab]:
+    state = load_checkpoint(checkpoint)
+    if "vocab" not in state or "config" not in state:
+        raise CheckpointError(f"{checkpoint}: no vocabulary or config inside; was it written by nmt.train?")
+    vocab = Vocab(model_proto=state["vocab"].numpy().tobytes())
+    model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0])
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), vocab
+
+
+def input_limit(model: Transformer, max_extra: int) -> int:
+    """Longest source (tokens, EOS excluded) whose output still fits the model's position table."""
+    return model.cfg.max_positions - max_extra - 1
+
+
+def encode_lines(vocab: Vocab, lines: list[str], limit: int) -> list[list[int]]:
+    ids = vocab.encode([line.strip() for line in lines])
+    for number, row in enumerate(ids, 1):
+        if len(row) > limit:
+            log.warning("input line %d has %d tokens: truncated to the model's limit of %d", number, len(row), limit)
+            del row[limit:]
+    return ids
+
+
+@torch.no_grad()
+def translate_ids(model: Transformer, ids: list[list[int]], beam: int, alpha: float, max_extra: int,
+                  max_tokens: int, device: torch.device, progress: bool = False) -> list[list[int]]:
+    """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""
+    order = [i for i in np.argsort([len(row) for row in ids], kind="stable") if ids[i]]
+    outputs: list[list[int]] = [[] for _ in ids]
+    bar = tqdm(total=len(order), unit=" sent", disable=not progress, file=sys.stderr)
+    start = 0
+    while start < len(order):
+        end = start + 1  # sorted by length: the last sentence of a batch is its longest
+        while end < len(order) and (end - start + 1) * (len(ids[order[end]]) + 1) <= max_tokens:
+            end += 1
+        batch = order[start:end]
+        src = pad_rows([np.asarray(ids[i]) for i in batch], suffix=EOS).to(device)
+        hyps = greedy(model, src, max_extra) if beam == 1 else beam_search(model, src, beam, alpha, max_extra)
+        for i, hyp in zip(batch, hyps):
+            outputs[i] = hyp.tokens
+        bar.update(len(batch))
+        start = end
+    bar.close()
+    return outputs
+
+
+def translate_lines(model, vocab, lines: list[str], beam=4, alpha=0.6, max_extra=50, max_tokens=4096,
+                    device=torch.device("cpu"), progress=False) -> list[str]:
+    ids = encode_lines(vocab, lines, input_limit(model, max_extra))
+    out = translate_ids(model, ids, beam, alpha, max_extra, max_tokens, device, progress)
+    return [vocab.decode(row) for row in out]
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+ConfigStore.instance().store(name="decode_schema", node=DecodeJob)
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="decode")
+def main(cfg) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
+    job: DecodeJob = OmegaConf.to_object(cfg)
+    device = pick_device(job.device)
+    try:
+        model, vocab = load_translator(job.checkpoint, device)
+        translate = lambda lines, progress=False: translate_lines(  # noqa: E731
+            model, vocab, lines, job.beam, job.alpha, job.max_extra, job.max_tokens, device, progress)
+        out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
+        if job.input is None and sys.stdin.isatty():  # interactive: answer each line as it is typed
+            for line in sys.stdin:
+                print(translate([line.rstrip("\n")])[0], file=out, flush=True)
+        else:
+            lines = list(read_lines(Path(job.input))) if job.input else [
+                line.rstrip("\r\n") for line in sys.stdin]
+            for translation in translate(lines, progress=job.input is not None):
+                out.write(translation + "\n")
+        if out is not sys.stdout:
+            out.close()
+    except (CheckpointError, DataError) as err:
+        log.error("%s", err)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

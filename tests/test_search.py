@@ -1,0 +1,123 @@
+import math
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig, Position
+from nmt.model import BOS, EOS, PAD, Transformer
+from nmt.search import Uncached, beam_search, greedy, length_penalty
+
+A, B_ = 4, 5  # two real tokens of the scripted model's vocabulary (0-3 are PAD, UNK, BOS, EOS)
+
+
+class ScriptedModel:
+    """Next-token probabilities fixed by (step, previous token), as in fairseq's sequence generator tests."""
+
+    def __init__(self, table, later):
+        self.table, self.later = table, later
+
+    def encode(self, src):
+        return src
+
+    def start(self, memory, src):
+        return torch.zeros((src.shape[0], 0), dtype=torch.long)
+
+    def decode(self, tokens, prefix):
+        prefix = torch.cat([prefix, tokens], 1)
+        step = prefix.shape[1] - 1
+        rows = [self.table.get((step, prev), self.later) for prev in prefix[:, -1].tolist()]
+        return torch.tensor(rows).log()[:, None, :], prefix
+
+    @staticmethod
+    def reorder(prefix, indices):
+        return prefix.index_select(0, indices)
+
+
+def probs(eos=0.0, a=0.0, b=0.0):
+    rest = 1.0 - eos - a - b
+    return [rest / 2, rest / 2, 1e-12, eos, a, b]  # PAD and UNK share what is left
+
+
+SCRIPT = {(0, BOS): probs(eos=0.40, a=0.39, b=0.20), (1, A): probs(eos=0.99, a=0.004, b=0.004),
+          (1, B_): probs(eos=0.60, a=0.30, b=0.09)}
+LATER = probs(eos=0.97, a=0.01, b=0.01)
+SRC = torch.tensor([[7, 8, EOS]])
+
+
+def test_length_penalty_values():
+    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(7, 0.6) == pytest.approx(2**0.6)
+    assert length_penalty(25, 1.0) == pytest.approx(5.0)
+    assert length_penalty(13, 0.0) == 1.0
+
+
+def test_scripted_beam_search_without_length_penalty_prefers_the_short_hypothesis():
+    hyp, = beam_search(ScriptedModel(SCRIPT, LATER), SRC, beam=2, alpha=0.0)
+    assert hyp.tokens == [] and hyp.score == pytest.approx(math.log(0.40))
+
+
+def test_scripted_beam_search_length_penalty_flips_the_choice():
+    hyp, = beam_search(ScriptedModel(SCRIPT, LATER), SRC, beam=2, alpha=0.6)
+    assert hyp.tokens == [A]
+    assert hyp.score == pytest.approx((math.log(0.39) + math.log(0.99)) / (7 / 6) ** 0.6)
+
+
+def test_scripted_beam_finds_what_greedy_misses():
+    script = {(0, BOS): probs(a=0.5, b=0.4), (1, A): probs(eos=0.3, a=0.3, b=0.3), (1, B_): probs(eos=0.9)}
+    model = ScriptedModel(script, probs(eos=0.98))
+    assert greedy(model, SRC)[0].tokens[0] == A
+    hyp, = beam_search(model, SRC, beam=2, alpha=0.0)
+    assert hyp.tokens == [B_] and hyp.score == pytest.approx(math.log(0.4) + math.log(0.9))
+
+
+def test_output_length_is_capped_at_source_length_plus_max_extra():
+    never_ends = ScriptedModel({}, probs(eos=1e-6, a=0.9, b=0.05))
+    src = torch.tensor([[7, EOS, PAD, PAD], [7, 8, 9, EOS]])
+    for hyps in (greedy(never_ends, src, max_extra=5), beam_search(never_ends, src, beam=3, max_extra=5)):
+        assert [len(h.tokens) for h in hyps] == [2 + 5 - 1, 4 + 5 - 1]  # EOS takes the last slot
+
+
+def real_model(position=Position.relative, seed=0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, clip=3, position=position)
+    model = Transformer(cfg, 40).eval()
+    with torch.no_grad():  # a peaked output distribution so that hypotheses end at varied lengths
+        model.embed.weight[EOS] *= 3
+    return model
+
+
+def sources(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (5, 7), generator=g)
+    src[:, -1] = EOS
+    src[1, 4:] = PAD
+    src[1, 3] = EOS
+    src[3, 2:] = PAD
+    src[3, 1] = EOS
+    return src
+
+
+@pytest.mark.parametrize("position", [Position.relative, Position.absolute])
+def test_cached_beam_search_equals_recomputing_the_prefix(position):
+    model, src = real_model(position), sources()
+    cached = beam_search(model, src, beam=4, alpha=0.6, max_extra=8)
+    uncached = beam_search(Uncached(model), src, beam=4, alpha=0.6, max_extra=8)
+    assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+    assert [h.score for h in cached] == pytest.approx([h.score for h in uncached], abs=1e-5)
+    assert len({len(h.tokens) for h in cached}) > 1
+
+
+def test_beam_one_without_penalty_equals_greedy():
+    model, src = real_model(), sources(2)
+    assert [h.tokens for h in beam_search(model, src, beam=1, alpha=0.0, max_extra=8)] == \
+        [h.tokens for h in greedy(model, src, max_extra=8)]
+
+
+def test_batched_search_equals_one_sentence_at_a_time():
+    model, src = real_model(), sources(3)
+    together = beam_search(model, src, beam=3, alpha=0.6, max_extra=8)
+    for i in range(src.shape[0]):
+        row = src[i : i + 1, : int(src[i].ne(PAD).sum())]
+        alone, = beam_search(model, row, beam=3, alpha=0.6, max_extra=8)
+        assert alone.tokens == together[i].tokens
+        assert alone.score == pytest.approx(together[i].score, abs=1e-5)

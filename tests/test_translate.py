@@ -1,0 +1,89 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
+from nmt.score import compound_split_bleu, score_files, split_compounds
+from nmt.train import run
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def checkpoint(prepared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("trained")
+    model = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, clip=4,
+                        max_positions=80)
+    run(TrainJob(model=model, data=prepared, optim=OptimConfig(warmup=10, lr_scale=2.0),
+                 train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
+                                   output_dir=str(out), threads=1, average_last=2)))
+    return out / "averaged.pt"
+
+
+def cli(module, *args, stdin=None):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, input=stdin, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
+    lines = ["A man rides a bike.", "", "   \t ", "Zwei Hunde ☃ 漢字 \u200b e\u0301 🙂", "word " * 120,
+             "A dog runs.", ""]
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for beam in (1, 4):
+        result = cli("nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={tmp_path}/out",
+                     f"beam={beam}")
+        assert result.returncode == 0, result.stderr
+        out = (tmp_path / "out").read_text(encoding="utf-8").split("\n")
+        assert out[-1] == "" and len(out) - 1 == len(lines)
+        assert out[1] == "" and out[2] == "" and out[6] == ""
+        assert "input line 5 has" in result.stderr and "truncated" in result.stderr
+    piped = cli("nmt.translate", f"checkpoint={checkpoint}", stdin="\n".join(lines) + "\n")
+    assert piped.returncode == 0 and piped.stdout.split("\n")[:-1] == out[:-1]
+
+
+def test_translate_refuses_a_checkpoint_with_pickled_code(tmp_path):
+    torch.save({"model": {}, "payload": tmp_path}, tmp_path / "evil.pt")
+    result = cli("nmt.translate", f"checkpoint={tmp_path}/evil.pt", stdin="hello\n")
+    assert result.returncode == 2
+    assert "pickled Python objects" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_split_compounds_like_get_ende_bleu():
+    # expected strings are what `perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'` prints for the same input
+    assert split_compounds("Das E-Mail-Konto") == "Das E ##AT##-##AT## Mail ##AT##-##AT## Konto"
+    assert split_compounds("high-quality , well-known") == "high ##AT##-##AT## quality , well ##AT##-##AT## known"
+    assert split_compounds("a - b -- c") == "a - b -- c"
+    assert split_compounds("x--y") == "x ##AT##-##AT## -y"
+
+
+def test_compound_split_bleu_rewards_matching_compounds():
+    refs = ["Die Hand-in-Hand Arbeit ist gut ."]
+    assert compound_split_bleu(refs, refs, "de") == pytest.approx(100.0)
+    assert compound_split_bleu(["Die Hand in Hand Arbeit ist gut ."], refs, "de") < 100.0
+
+
+def test_score_agrees_with_sacrebleu_cli(tmp_path):
+    hyp, ref = tmp_path / "hyp.de", tmp_path / "ref.de"
+    hyp.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen im Schnee.\nEine Frau liest.\n", encoding="utf-8")
+    ref.write_text("Ein Mann fährt ein Fahrrad.\nZwei Hunde spielen im Schnee.\nEine Frau liest ein Buch.\n",
+                   encoding="utf-8")
+    cli_score = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-b"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    ours = score_files(hyp, ref, "de")
+    assert f"{ours['bleu']:.1f}" == cli_score
+    result = cli("nmt.score", f"hyp={hyp}", f"ref={ref}", f"output={tmp_path}/s.json")
+    assert result.returncode == 0 and "nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
+    assert "compound-split" in result.stdout
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["bleu"] == pytest.approx(ours["bleu"]) and "chrf" in saved
+
+
+def test_score_refuses_misaligned_files(tmp_path):
+    (tmp_path / "h").write_text("a\nb\n")
+    (tmp_path / "r").write_text("a\n")
+    result = cli("nmt.score", f"hyp={tmp_path}/h", f"ref={tmp_path}/r")
+    assert result.returncode == 2 and "has 2 lines" in result.stderr

@@ -261,7 +261,8 @@ class Trainer:
         stream = self.micro_batches()
         start = last_save = last_log = time.monotonic()
         tokens_since_log, validated = 0, -1
-        bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not env.main, dynamic_ncols=True)
+        bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not env.main, dynamic_ncols=True,
+                   mininterval=0.5 if sys.stderr.isatty() else 60)
         while self.step < cfg.max_steps:
             out_of_time = cfg.max_minutes > 0 and time.monotonic() - start > cfg.max_minutes * 60
             stats = self.update([next(stream) for _ in range(cfg.update_freq)], out_of_time)

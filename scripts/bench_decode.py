@@ -1,0 +1,92 @@
+"""Decoding speed: greedy and beam 4 on the bundled test set, and what the incremental cache buys.
+
+    python scripts/bench_decode.py [--checkpoint outputs/demo/averaged.pt] [--threads 2] [--device cpu]
+
+Without a checkpoint (before `make demo`) it uses a random-weight model of the `tiny` shape.
+Cached vs uncached: 50 decoder steps for a batch of 32 sentences, one token per step, with the
+cache versus re-running the decoder over the whole prefix (median of repeats, interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from nmt.config import ModelConfig
+from nmt.data.batching import pad_rows
+from nmt.model import BOS, EOS, Transformer
+from nmt.search import Uncached
+from nmt.translate import encode_lines, load_translator, translate_ids
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def step_loop(model, src, steps: int) -> None:
+    cache = model.start(model.encode(src), src)
+    token = torch.full((src.shape[0], 1), BOS, device=src.device)
+    for _ in range(steps):
+        logits, cache = model.decode(token, cache)
+        token = logits[:, -1:].argmax(-1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="outputs/demo/averaged.pt")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--output", default="results/bench_decode.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if Path(args.checkpoint).is_file():
+        model, vocab = load_translator(args.checkpoint, device)
+        source = f"trained checkpoint {args.checkpoint}"
+    else:
+        from nmt.data.vocab import Vocab
+
+        fields = yaml.safe_load(open(ROOT / "configs/model/tiny.yaml"))
+        model = Transformer(ModelConfig(**fields), 8000).to(device).eval()
+        vocab = Vocab(ROOT / "prepared/multi30k_en_de/spm.model")
+        source = "random-weight tiny model (run make demo for a trained one)"
+    with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    ids = encode_lines(vocab, lines, 500)
+    report = {"model": source, "device": args.device, "threads": args.threads, "sentences": len(lines)}
+    print(f"{source}; {len(lines)} sentences; {args.device}, {args.threads} threads")
+    for name, beam in (("greedy", 1), ("beam4", 4)):
+        start = time.perf_counter()
+        out = translate_ids(model, ids, beam, 0.6, 50, 4096, device)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(row) + 1 for row in out)
+        report[name] = {"seconds": round(seconds, 2), "sentences_per_s": round(len(lines) / seconds, 1),
+                        "target_tokens_per_s": round(tokens / seconds)}
+        print(f"{name:7s} {len(lines) / seconds:8.1f} sentences/s {tokens / seconds:9.0f} target tokens/s")
+
+    src = pad_rows([torch.tensor(row).numpy() for row in ids[:32]], suffix=EOS).to(device)
+    times = {"cached": [], "uncached": []}
+    with torch.no_grad():
+        for _ in range(args.repeats):
+            for name, decoder in (("cached", model), ("uncached", Uncached(model))):
+                start = time.perf_counter()
+                step_loop(decoder, src, 50)
+                times[name].append(time.perf_counter() - start)
+    cached, uncached = (statistics.median(times[k]) for k in ("cached", "uncached"))
+    report["cache_50_steps"] = {"cached_s": round(cached, 3), "uncached_s": round(uncached, 3),
+                                "speedup": round(uncached / cached, 2)}
+    print(f"50 steps x 32 sentences: cached {cached:.2f} s, uncached {uncached:.2f} s, "
+          f"speed-up {uncached / cached:.1f}x")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

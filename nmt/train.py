@@ -327,6 +327,8 @@ def run(job: TrainJob) -> Path:
         if env.world_size > 1:
             dist.barrier()
         Trainer(job, env).train()
+        if env.world_size > 1:
+            dist.barrier()  # rank 0 finishes last (validation BLEU, averaging); wait before tearing down
     finally:
         if env.world_size > 1:
             dist.destroy_process_group()

@@ -170,3 +170,20 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
     a, b = params(tmp_path / "ddp" / LAST), params(tmp_path / "single" / LAST)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6)
+
+
+def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
+    """python -m nmt.train -m model.attention.clip=0,2 (DESIGN §4, Table 2) runs one job per value."""
+    overrides = [f"data.{k}={getattr(prepared, k)}" for k in
+                 ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir")]
+    result = subprocess.run(
+        [sys.executable, "-m", "nmt.train", "-m", "data=local", *overrides,
+         *[f"model.{k}={v}" for k, v in MICRO_MODEL.items()], "model.attention.clip=0,2", "train.max_steps=2",
+         "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1", f"hydra.sweep.dir={tmp_path}"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tables = {}
+    for job_dir in (tmp_path / "0", tmp_path / "1"):
+        clip = load_checkpoint(job_dir / LAST)["config"]["model"]["attention"]["clip"]
+        tables[clip] = params(job_dir / LAST)["encoder.0.self_attn.rel_k"].shape[-2]
+    assert tables == {0: 1, 2: 5}

@@ -210,9 +210,14 @@ class Trainer:
                                          f"lower optim.lr_scale, raise optim.warmup, or use train.precision=fp32")
             return {"skipped": True, "stop": bool(stop)}
         self.bad_updates = 0
-        self.scaler.step(self.optimizer)
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # with fp16, skipped when a gradient overflowed
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler.is_enabled() and self.scaler.get_scale() < scale:
+            log.info("fp16 gradient overflow at update %d: loss scale lowered to %g, update retried",
+                     self.step + 1, self.scaler.get_scale())
+            return {"skipped": True, "stop": bool(stop)}
         self.step += 1
         return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50)),
                 "lr": lr, "grad_norm": grad_norm, "tokens": tokens, "stop": bool(stop), "skipped": False}

@@ -82,24 +82,39 @@ def relation_aware_attention(
     rel_k = None if rel_k is None else rel_k[..., lo : hi + 1, :].to(q.dtype)
     if rel_v is None:
         # a^K only: the key term is an additive bias, so the fused kernel does the rest.
-        key_bias = _edge_scores(q * scale, rel_k).gather(-1, buckets.expand(*q.shape[:-1], nk))
+        edge_scores = _edge_scores(q.transpose(0, 1).contiguous() * scale, rel_k).transpose(0, 1)
+        key_bias = edge_scores.gather(-1, buckets.expand(*q.shape[:-1], nk))  # (B, H, Nq, Nk)
         return _fused(q, k, v, key_bias, mask, empty_rows, dropout_p)
     rel_v = rel_v[..., lo : hi + 1, :].to(q.dtype)
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
 
 
+# The hand-written core works heads-first, (H, B, N, D): a per-head edge table then meets its
+# (B * N, D) rows in one batched GEMM per head, with no permuted copies (einsum made four per step).
+
+
 def _edge_scores(x: Tensor, table: Tensor) -> Tensor:
-    """x (B, H, N, D) against edge vectors (R, D) or (H, R, D) -> (B, H, N, R)."""
+    """x (H, B, N, D) against edge vectors (R, D) or (H, R, D) -> (H, B, N, R)."""
     if table.dim() == 2:
         return x @ table.t()
-    return torch.einsum("bhnd,hrd->bhnr", x, table)
+    h, b, n, d = x.shape
+    return torch.bmm(x.view(h, b * n, d), table.transpose(1, 2)).view(h, b, n, -1)
+
+
+def _edge_values(bucket_weights: Tensor, table: Tensor) -> Tensor:
+    """(H, B, N, R) weights times edge vectors (R, D) or (H, R, D) -> (H, B, N, D)."""
+    if table.dim() == 2:
+        return bucket_weights @ table
+    h, b, n, r = bucket_weights.shape
+    return torch.bmm(bucket_weights.reshape(h, b * n, r), table).view(h, b, n, -1)
 
 
 def _table_grad(bucket_weights: Tensor, x: Tensor, shared: bool) -> Tensor:
-    """Gradient of an edge table from per-bucket weights (B, H, N, R) and x (B, H, N, D)."""
+    """Gradient of an edge table from per-bucket weights (H, B, N, R) and x (H, B, N, D)."""
+    h, r, d = x.shape[0], bucket_weights.shape[-1], x.shape[-1]
     if shared:
-        return torch.einsum("bhnr,bhnd->rd", bucket_weights, x)
-    return torch.einsum("bhnr,bhnd->hrd", bucket_weights, x)
+        return bucket_weights.reshape(-1, r).t() @ x.reshape(-1, d)
+    return torch.bmm(bucket_weights.reshape(h, -1, r).transpose(1, 2), x.reshape(h, -1, d))
 
 
 # Up to this many buckets, summing by a one-hot GEMM beats scatter_add (2x at n=192 on CPU,
@@ -108,9 +123,9 @@ ONE_HOT_MAX_BUCKETS = 64
 
 
 def _bucket_sums(weights: Tensor, buckets: Tensor, num_buckets: int, one_hot: Tensor | None) -> Tensor:
-    """Sum (B, H, Nq, Nk) weights into (B, H, Nq, R) distance buckets; buckets is (Nq, Nk)."""
+    """Sum (..., Nq, Nk) weights into (..., Nq, R) distance buckets; buckets is (Nq, Nk)."""
     if one_hot is not None:
-        return torch.einsum("bhij,ijr->bhir", weights, one_hot)
+        return torch.einsum("xyij,ijr->xyir", weights, one_hot)
     out = weights.new_zeros(*weights.shape[:-1], num_buckets)
     return out.scatter_add_(-1, buckets.expand_as(weights), weights)
 
@@ -123,7 +138,7 @@ def _one_hot(buckets: Tensor, num_buckets: int, dtype) -> Tensor | None:
 
 
 def _bmm(a: Tensor, b: Tensor, bias: Tensor | None = None, alpha: float = 1.0) -> Tensor:
-    """alpha * a @ b (+ bias) over leading (B, H) dims; bias and scale are applied inside the GEMM."""
+    """alpha * a @ b (+ bias) over the two leading dims; bias and scale are applied inside the GEMM."""
     *lead, n, _ = a.shape
     m = b.shape[-1]
     a3, b3 = a.reshape(-1, n, a.shape[-1]), b.reshape(-1, b.shape[-2], m)
@@ -135,26 +150,28 @@ def _bmm(a: Tensor, b: Tensor, bias: Tensor | None = None, alpha: float = 1.0) -
 
 
 class _RelativeAttention(torch.autograd.Function):
-    """Eq. 3-5 with a^V, written out so that the (B, H, Nq, Nk) matrices are touched as few times
-    as possible and only the probabilities (plus the dropout mask) are kept for backward.
+    """Eq. 3-5 with a^V, written out so that the (Nq, Nk) matrices are touched as few times as
+    possible and only the probabilities (plus the dropout mask) are kept for backward.
     The 1/sqrt(D) scale is folded into the GEMMs and the (tiny) a^K table."""
 
     @staticmethod
     def forward(ctx, q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # (H, B, N, D)
+        mask = None if mask is None else mask.transpose(0, 1)
         key_bias = None
         if rel_k is not None:
             key_bias = _edge_scores(q, rel_k * scale).gather(-1, buckets.expand(*q.shape[:-1], -1))
-        scores = _bmm(q, k.transpose(-1, -2), key_bias, alpha=scale)  # (B, H, Nq, Nk), Eq. 5
+        scores = _bmm(q, k.transpose(-1, -2), key_bias, alpha=scale)  # (H, B, Nq, Nk), Eq. 5
         if mask is not None:
             scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
         probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
         if empty_rows is not None:
-            probs.masked_fill_(empty_rows, 0.0)
+            probs.masked_fill_(empty_rows.transpose(0, 1), 0.0)
         keep = None
         dropped = probs
         if dropout_p > 0.0:
-            keep = torch.rand_like(probs) >= dropout_p
+            draw = probs.new_empty(probs.transpose(0, 1).shape).uniform_()  # drawn in (B, H) order
+            keep = draw.transpose(0, 1) >= dropout_p
             dropped = probs * keep * (1.0 / (1.0 - dropout_p))
         # Eq. 3: sum_j alpha_ij (v_j + w^V_{clip(j-i)}) = alpha @ v + (bucket masses) @ w^V
         num_buckets = rel_v.shape[-2]
@@ -162,7 +179,7 @@ class _RelativeAttention(torch.autograd.Function):
         out = _bmm(dropped, v, _edge_values(bucket_mass, rel_v))
         ctx.save_for_backward(q, k, v, rel_k, rel_v, buckets, probs, keep, out)
         ctx.dropout_p, ctx.scale = dropout_p, scale
-        return out
+        return out.transpose(0, 1)  # (B, H, Nq, D)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -170,7 +187,7 @@ class _RelativeAttention(torch.autograd.Function):
         p, scale = ctx.dropout_p, ctx.scale
         num_buckets = rel_v.shape[-2]
         one_hot = _one_hot(buckets, num_buckets, q.dtype)
-        grad_out = grad_out.contiguous()
+        grad_out = grad_out.transpose(0, 1).contiguous()  # (H, B, Nq, D)
         dropped = probs if keep is None else probs * keep * (1.0 / (1.0 - p))
         grad_v = _bmm(dropped.transpose(-1, -2), grad_out)
         grad_rel_v = _table_grad(_bucket_sums(dropped, buckets, num_buckets, one_hot), grad_out, rel_v.dim() == 2)
@@ -189,14 +206,8 @@ class _RelativeAttention(torch.autograd.Function):
             grad_rel_k = _table_grad(bucket_grad, q, rel_k.dim() == 2) * scale
         grad_q = _bmm(grad_scores, k, edge_q, alpha=scale)
         grad_k = _bmm(grad_scores.transpose(-1, -2), q, alpha=scale)
+        grad_q, grad_k, grad_v = (g.transpose(0, 1) for g in (grad_q, grad_k, grad_v))
         return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None
-
-
-def _edge_values(bucket_weights: Tensor, table: Tensor) -> Tensor:
-    """(B, H, N, R) weights times edge vectors (R, D) or (H, R, D) -> (B, H, N, D)."""
-    if table.dim() == 2:
-        return bucket_weights @ table
-    return torch.einsum("bhnr,hrd->bhnd", bucket_weights, table)
 
 
 def _fused(q, k, v, bias, mask, empty_rows, dropout_p) -> Tensor:

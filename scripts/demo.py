@@ -4,7 +4,7 @@
 
 Bundled Multi30k En-De, the `tiny` relative-position model, beam 4 and alpha 0.6 on test_2016_flickr.
 Extra arguments are Hydra overrides for the training job (e.g. model.position=absolute).
-Writes OUTPUT/{averaged.pt, test.hyp.de, score.json}.
+Writes OUTPUT/{averaged.pt, test.hyp.de, score.json}; a previous run in OUTPUT is removed first.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +47,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     out = Path(args.output)
     started = time.monotonic()
+    if out.exists():  # the demo measures one budgeted run from scratch, never a resumed one
+        log.info("removing the previous demo run in %s", out)
+        shutil.rmtree(out)
 
     register_schemas()
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):

@@ -192,3 +192,12 @@ def test_collate_adds_bos_eos_and_pads_right(corpus):
         assert batch.tgt_in[row, : len(tgt) + 1].tolist() == [BOS] + tgt.tolist()
         assert batch.tgt_out[row, : len(tgt) + 1].tolist() == tgt.tolist() + [EOS]
         assert batch.src[row, len(src) + 1 :].eq(PAD).all()
+
+
+def test_decoded_newline_byte_cannot_break_line_alignment(corpus):
+    vocab = Vocab(prepare(local_config(corpus)) / "spm.model")
+    newline = vocab.sp.piece_to_id("<0x0A>")
+    hello = vocab.encode(["Hallo"])[0]
+    assert "\n" in vocab.sp.decode(hello + [newline] + hello)  # what SentencePiece alone would emit
+    decoded = vocab.decode(hello + [newline] + hello)
+    assert "\n" not in decoded and "\r" not in decoded and decoded.split() == ["Hallo", "Hallo"]

@@ -18,7 +18,6 @@ from pathlib import Path
 import hydra
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU
 from torch.nn.parallel import DistributedDataParallel

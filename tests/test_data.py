@@ -1,15 +1,12 @@
-import gzip
 import json
 import os
 import subprocess
 import sys
 import unicodedata
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from nmt.config import DataConfig
 from nmt.data import readers
 from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
 from nmt.data.pipeline import drop_reason, prepare

@@ -117,7 +117,8 @@ def _table_grad(bucket_weights: Tensor, x: Tensor, shared: bool) -> Tensor:
     return torch.bmm(bucket_weights.reshape(h, -1, r).transpose(1, 2), x.reshape(h, -1, d))
 
 
-# Up to this many buckets, summing by a one-hot GEMM beats scatter_add (serialized on CPU); beyond it the (Nq, Nk, R) one-hot grows too large.
+# Up to this many buckets, summing by a one-hot GEMM beats scatter_add (serialized on CPU);
+# beyond it the (Nq, Nk, R) one-hot grows too large.
 ONE_HOT_MAX_BUCKETS = 64
 
 

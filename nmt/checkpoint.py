@@ -34,13 +34,16 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """torch.load with weights_only=True: a file carrying pickled code is refused, not run."""
+def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
+    """torch.load with weights_only=True: a file carrying pickled code is refused, not run.
+
+    mmap=True maps the file instead of reading it: tensors are paged in only when touched.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # truncated zip, pickle refused by weights_only, wrong format...
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if "weights_only" in str(err) or "Unsupported global" in str(err):
@@ -94,30 +97,47 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     Floating-point tensors are averaged and cast back to their dtype; integer buffers are taken
     from the last checkpoint. All checkpoints must hold the same keys and shapes.
     """
+    return _average(paths)[0]
+
+
+def _average(paths: list[str | Path]) -> tuple[dict, dict]:
+    """(averaged "model", the last checkpoint's other entries), reading one checkpoint at a time.
+
+    At most two state dicts are alive at once (the running sum and the one being read): the big
+    model's 20-checkpoint average needs the memory of two checkpoints, not twenty.
+    """
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    states = [load_checkpoint(p)["model"] for p in paths]
-    keys = set(states[0])
     total: dict[str, torch.Tensor] = {}
-    for path, state in zip(paths, states):
-        if set(state) != keys:
-            diff = sorted(keys.symmetric_difference(state))[:5]
+    shapes: dict[str, torch.Size] = {}
+    model: dict[str, torch.Tensor] = {}
+    for path in paths:
+        model = last = {}  # let the previous checkpoint go before the next one is read
+        last = load_checkpoint(path, mmap=True)  # mapped: the optimizer state is never read in
+        model = last.pop("model")
+        if not shapes:
+            shapes = {name: tensor.shape for name, tensor in model.items()}
+        if set(model) != set(shapes):
+            diff = sorted(set(shapes).symmetric_difference(model))[:5]
             raise CheckpointError(f"{path}: parameters differ from {paths[0]} (e.g. {diff})")
-        for name, tensor in state.items():
-            if tensor.shape != states[0][name].shape:
+        for name, tensor in model.items():
+            if tensor.shape != shapes[name]:
                 raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
-                                      f"{paths[0]} has {tuple(states[0][name].shape)}")
+                                      f"{paths[0]} has {tuple(shapes[name])}")
             if tensor.is_floating_point():
-                total[name] = total[name] + tensor.float() if name in total else tensor.float().clone()
-    last = states[-1]
-    return {name: (total[name] / len(states)).to(t.dtype) if t.is_floating_point() else t.clone()
-            for name, t in last.items()}
+                if name in total:
+                    total[name] += tensor.float()
+                else:
+                    total[name] = tensor.float().clone()  # .float() of float32 is the same tensor
+    averaged = {name: (total.pop(name) / len(paths)).to(t.dtype) if t.is_floating_point() else t.clone()
+                for name, t in model.items()}
+    return averaged, last
 
 
 def write_average(paths: list[Path], output: str | Path) -> Path:
     """Average paths into a checkpoint of the same format (config and step of the last one)."""
-    last = load_checkpoint(paths[-1])
-    state = {"model": average_checkpoints(paths), "averaged_from": [Path(p).name for p in paths],
+    model, last = _average(paths)
+    state = {"model": model, "averaged_from": [Path(p).name for p in paths],
              **{key: last[key] for key in ("config", "step", "vocab", "data_dir") if key in last}}
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(state, output)

@@ -9,6 +9,15 @@ from typing import Optional
 from omegaconf import MISSING
 
 
+class ConfigError(ValueError):
+    """A config value out of its range: the message names the field, the value and what it must be."""
+
+
+def require(condition: bool, field: str, value, rule: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field}={value} is invalid: it must be {rule}")
+
+
 class Position(str, Enum):
     relative = "relative"  # Shaw et al. 2018: edge tables in self-attention, no sinusoids
     absolute = "absolute"  # Vaswani et al. 2017: sinusoids added to the embeddings
@@ -19,16 +28,6 @@ class Position(str, Enum):
 class Norm(str, Enum):
     pre = "pre"  # LayerNorm before each sublayer, as tensor2tensor's transformer_base (2018)
     post = "post"  # LayerNorm after the residual add, as Vaswani et al. 2017
-
-
-@dataclass
-class AttentionAliases:
-    """`model.attention.clip=...` as written in DESIGN §4's sweep examples; null = use model.clip etc."""
-
-    clip: Optional[int] = None
-    rel_key: Optional[bool] = None
-    rel_value: Optional[bool] = None
-    share_heads: Optional[bool] = None
 
 
 @dataclass
@@ -46,27 +45,29 @@ class ModelConfig:
     share_heads: bool = False  # one edge table per layer (big) instead of per layer and head (base)
     norm: Norm = Norm.pre
     max_positions: int = 1024  # longest sequence the sinusoid table covers (absolute/both)
-    attention: AttentionAliases = field(default_factory=AttentionAliases)
 
-    def resolved(self) -> "ModelConfig":
-        """Copy with `attention.*` aliases folded into the top-level fields."""
-        fields = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "attention"}
-        for name in ("clip", "rel_key", "rel_value", "share_heads"):
-            alias = getattr(self.attention, name)
-            if alias is not None:
-                fields[name] = alias
-        fields["position"] = Position(fields["position"])
-        fields["norm"] = Norm(fields["norm"])
-        if fields["clip"] < 0:
-            raise ValueError(f"model.clip must be >= 0, got {fields['clip']}")
-        return ModelConfig(**fields)
+    def check(self) -> "ModelConfig":
+        """Self with enum fields as enums, after checking every value (ConfigError names the field)."""
+        self.position, self.norm = Position(self.position), Norm(self.norm)
+        require(self.encoder_layers >= 1 and self.decoder_layers >= 1, "model.encoder_layers/decoder_layers",
+                (self.encoder_layers, self.decoder_layers), ">= 1")
+        require(self.heads >= 1, "model.heads", self.heads, ">= 1")
+        require(self.d_model >= 1 and self.d_model % self.heads == 0, "model.d_model", self.d_model,
+                f"a positive multiple of model.heads={self.heads}")
+        require(self.ffn_dim >= 1, "model.ffn_dim", self.ffn_dim, ">= 1")
+        require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
+        require(self.clip >= 0, "model.clip", self.clip, ">= 0")
+        require(self.max_positions >= 1, "model.max_positions", self.max_positions, ">= 1")
+        return self
 
 
 def model_config_from_dict(fields: dict) -> ModelConfig:
     """ModelConfig from the plain dict stored in a checkpoint."""
     fields = dict(fields)
-    fields["attention"] = AttentionAliases(**fields.get("attention", {}))
-    return ModelConfig(**fields).resolved()
+    for name, value in (fields.pop("attention", None) or {}).items():  # checkpoints from before 0.2
+        if value is not None:
+            fields[name] = value
+    return ModelConfig(**fields).check()
 
 
 @dataclass
@@ -90,6 +91,15 @@ class DataConfig:
     prepared_dir: Optional[str] = None  # default: prepared/<src>-<tgt>.<name>
     chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
 
+    def check(self) -> "DataConfig":
+        require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
+        require(self.vocab_size >= 16, "data.vocab_size", self.vocab_size, ">= 16")
+        require(self.vocab_sample >= 1, "data.vocab_sample", self.vocab_sample, ">= 1")
+        require(self.max_len >= 1, "data.max_len", self.max_len, ">= 1")
+        require(self.max_ratio >= 1.0, "data.max_ratio", self.max_ratio, ">= 1")
+        require(self.chunk_lines >= 1, "data.chunk_lines", self.chunk_lines, ">= 1")
+        return self
+
 
 class Precision(str, Enum):
     auto = "auto"  # bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU
@@ -98,17 +108,34 @@ class Precision(str, Enum):
     fp16 = "fp16"
 
 
+class Schedule(str, Enum):
+    inverse_sqrt = "inverse_sqrt"  # Vaswani et al. 2017 and the paper: warmup, then decay as step^-0.5
+    linear = "linear"  # same warmup and peak, then linear decay to 0 at train.max_steps (short budgets)
+
+
 @dataclass
 class OptimConfig:
-    """Adam with the inverse-square-root schedule of Vaswani et al. 2017."""
+    """Adam with the inverse-square-root schedule of Vaswani et al. 2017 (or a linear decay for short runs)."""
 
     lr_scale: float = 1.0  # lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     warmup: int = 4000
+    schedule: Schedule = Schedule.inverse_sqrt
     beta1: float = 0.9
     beta2: float = 0.98
     eps: float = 1e-9
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no clipping (the paper's recipe); the norm is logged either way
+
+    def check(self) -> "OptimConfig":
+        self.schedule = Schedule(self.schedule)
+        require(self.lr_scale > 0, "optim.lr_scale", self.lr_scale, "> 0")
+        require(self.warmup >= 1, "optim.warmup", self.warmup, ">= 1")
+        require(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "optim.beta1/beta2", (self.beta1, self.beta2),
+                "in [0, 1)")
+        require(self.eps > 0, "optim.eps", self.eps, "> 0")
+        require(0 <= self.label_smoothing < 1, "optim.label_smoothing", self.label_smoothing, "in [0, 1)")
+        require(self.clip_norm >= 0, "optim.clip_norm", self.clip_norm, ">= 0 (0 = no clipping)")
+        return self
 
 
 @dataclass
@@ -131,6 +158,18 @@ class TrainConfig:
     max_bad_updates: int = 10  # consecutive non-finite losses before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
 
+    def check(self) -> "TrainConfig":
+        self.precision = Precision(self.precision)
+        for name in ("max_steps", "max_tokens", "update_freq", "save_every_steps", "log_every", "max_bad_updates"):
+            require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
+        for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
+                     "valid_bleu_sentences", "threads"):
+            require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
+        require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
+                self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
+        require(self.device in ("auto", "cpu", "cuda"), "train.device", self.device, "auto, cpu or cuda")
+        return self
+
 
 @dataclass
 class TrainJob:
@@ -138,6 +177,10 @@ class TrainJob:
     data: DataConfig = MISSING
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def check(self) -> "TrainJob":
+        self.model.check(), self.data.check(), self.optim.check(), self.train.check()
+        return self
 
 
 @dataclass

@@ -109,7 +109,7 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
-        self.cfg = cfg = cfg.resolved()
+        self.cfg = cfg = cfg.check()
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
         nn.init.normal_(self.embed.weight, 0.0, cfg.d_model**-0.5)
         nn.init.zeros_(self.embed.weight[PAD])

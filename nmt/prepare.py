@@ -6,7 +6,7 @@ import sys
 import hydra
 from omegaconf import OmegaConf
 
-from nmt.config import DataConfig, register_schemas
+from nmt.config import ConfigError, DataConfig, register_schemas
 from nmt.data.pipeline import prepare
 from nmt.data.readers import DataError
 
@@ -18,9 +18,9 @@ register_schemas()
 def main(cfg) -> None:
     data: DataConfig = OmegaConf.to_object(cfg.data)
     try:
-        path = prepare(data, force=cfg.force)
-    except DataError as err:
-        log.error("%s", err)
+        path = prepare(data.check(), force=cfg.force)
+    except (ConfigError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     log.info("prepared data in %s", path)
 

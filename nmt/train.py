@@ -7,6 +7,7 @@ command resumes from output_dir/checkpoint_last.pt exactly where it stopped.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import os
@@ -24,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, latest_usable, numbered_checkpoints, save_numbered, write_average
-from nmt.config import OptimConfig, Precision, TrainConfig, TrainJob, register_schemas
+from nmt.config import ConfigError, OptimConfig, Precision, Schedule, TrainConfig, TrainJob, register_schemas
 from nmt.data.batching import epoch_batches
 from nmt.data.pipeline import load_manifest, prepare, prepared_dir
 from nmt.data.readers import DataError, read_lines
@@ -40,6 +41,25 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) ->
     """Vaswani et al. 2017, Eq. 3: linear warmup, then decay with the inverse square root of the step."""
     step = max(step, 1)
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def linear_decay_lr(step: int, d_model: int, warmup: int, total: int, scale: float = 1.0) -> float:
+    """Linear warmup to the peak inverse_sqrt_lr reaches at `warmup`, then linear decay to 0 at `total`.
+
+    For short, update-budgeted runs (the demo, the small-scale tables): the learning rate spends the
+    budget instead of stopping mid-decay, which measured better on Multi30k's validation set.
+    """
+    step = max(step, 1)
+    peak = scale * d_model**-0.5 * warmup**-0.5
+    if step <= warmup:
+        return peak * step / warmup
+    return peak * max(0.0, (total - step) / max(total - warmup, 1))
+
+
+def learning_rate(step: int, d_model: int, optim: OptimConfig, total: int) -> float:
+    if optim.schedule == Schedule.linear:
+        return linear_decay_lr(step, d_model, optim.warmup, total, optim.lr_scale)
+    return inverse_sqrt_lr(step, d_model, optim.warmup, optim.lr_scale)
 
 
 def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +90,21 @@ class Env:
         return t.tolist()
 
 
+def retain_freed_memory() -> None:
+    """Keep freed CPU tensors in the heap instead of returning them to the OS at every step.
+
+    glibc hands blocks over its mmap threshold back with munmap, so every step's activations are
+    page-faulted in and zeroed anew: on the 2-core machine a third of the time went to the kernel and
+    a tiny update took 1.1 s instead of 0.73 s (same losses). No-op off glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
+        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: never shrink the heap mid-run
+    except (OSError, AttributeError):
+        pass
+
+
 def setup_env(cfg: TrainConfig) -> Env:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
@@ -78,6 +113,7 @@ def setup_env(cfg: TrainConfig) -> Env:
     if want_cuda:
         torch.cuda.set_device(device)
     else:
+        retain_freed_memory()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local))
     if world_size > 1:
@@ -181,7 +217,7 @@ class Trainer:
         batches = [b.to(self.env.device) for b in batches]
         local_tokens = sum(b.target_tokens for b in batches)
         tokens, = self.env.all_sum([local_tokens])
-        lr = inverse_sqrt_lr(self.step + 1, self.job.model.d_model, self.job.optim.warmup, self.job.optim.lr_scale)
+        lr = learning_rate(self.step + 1, self.job.model.d_model, self.job.optim, self.cfg.max_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
@@ -214,8 +250,8 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler.is_enabled() and self.scaler.get_scale() < scale:
-            log.info("fp16 gradient overflow at update %d: loss scale lowered to %g, update retried",
-                     self.step + 1, self.scaler.get_scale())
+            log.info("fp16 gradient overflow at update %d: loss scale lowered to %g; its micro-batches were "
+                     "dropped (the update is not counted)", self.step + 1, self.scaler.get_scale())
             return {"skipped": True, "stop": bool(stop)}
         self.step += 1
         return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50)),
@@ -323,6 +359,7 @@ def setup_logging(out: Path, main: bool) -> None:
 
 
 def run(job: TrainJob) -> Path:
+    job.check()
     env = setup_env(job.train)
     setup_logging(Path(job.train.output_dir), env.main)
     try:
@@ -346,8 +383,13 @@ register_schemas()
 def main(cfg) -> None:
     job: TrainJob = OmegaConf.to_object(cfg)
     try:
+        job.check()
+    except ConfigError as err:  # before logging is set up: straight to stderr
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    try:
         run(job)
-    except (DataError, CheckpointError, FloatingPointError) as err:
+    except (ConfigError, DataError, CheckpointError, FloatingPointError) as err:
         log.error("%s", err)
         sys.exit(2)
 

@@ -7,8 +7,11 @@ empty lines; lines longer than the model's limit are truncated with a warning, n
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import logging
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -21,9 +24,9 @@ from omegaconf import MISSING, OmegaConf
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
-from nmt.config import model_config_from_dict
+from nmt.config import ConfigError, model_config_from_dict, require
 from nmt.data.batching import pad_rows
-from nmt.data.readers import DataError, read_lines
+from nmt.data.readers import DataError
 from nmt.data.vocab import Vocab
 from nmt.model import EOS, Transformer
 from nmt.search import beam_search, greedy
@@ -41,6 +44,15 @@ class DecodeJob:
     max_extra: int = 50  # longest output = source length + max_extra
     max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
     device: str = "auto"
+
+    def check(self) -> "DecodeJob":
+        require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
+        require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
+        require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
+        require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
+        require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device", self.device,
+                "auto, cpu, cuda or cuda:N")
+        return self
 
 
 def load_translator(checkpoint: str | Path, device: torch.device) -> tuple[Transformer, Vocab]:
@@ -97,6 +109,30 @@ def translate_lines(model, vocab, lines: list[str], beam=4, alpha=0.6, max_extra
     return [vocab.decode(row) for row in out]
 
 
+def decode_source_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Text lines from raw bytes; a line that is not valid UTF-8 is decoded with U+FFFD replacement
+    and a warning naming it, so a filter still writes one output line for every input line."""
+    for number, raw in enumerate(raw_lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            log.warning("%s:%d: invalid UTF-8 at byte %d (%s): undecodable bytes replaced by U+FFFD",
+                        name, number, err.start, err.reason)
+            line = raw.decode("utf-8", errors="replace")
+        if number == 1:
+            line = line.removeprefix("\ufeff")
+        yield line.rstrip("\r\n")
+
+
+def open_source(path: Optional[str]):
+    """The binary input stream: input=FILE (plain or .gz) or standard input."""
+    if path is None:
+        return contextlib.nullcontext(sys.stdin.buffer)
+    if not Path(path).is_file():
+        raise DataError(f"missing file: {path}")
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -110,23 +146,23 @@ ConfigStore.instance().store(name="decode_schema", node=DecodeJob)
 def main(cfg) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
     job: DecodeJob = OmegaConf.to_object(cfg)
-    device = pick_device(job.device)
     try:
+        device = pick_device(job.check().device)
         model, vocab = load_translator(job.checkpoint, device)
         translate = lambda lines, progress=False: translate_lines(  # noqa: E731
             model, vocab, lines, job.beam, job.alpha, job.max_extra, job.max_tokens, device, progress)
         out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
-        if job.input is None and sys.stdin.isatty():  # interactive: answer each line as it is typed
-            for line in sys.stdin:
-                print(translate([line.rstrip("\n")])[0], file=out, flush=True)
-        else:
-            lines = list(read_lines(Path(job.input))) if job.input else [
-                line.rstrip("\r\n") for line in sys.stdin]
-            for translation in translate(lines, progress=job.input is not None):
-                out.write(translation + "\n")
+        with open_source(job.input) as source:
+            lines = decode_source_lines(source, job.input or "<stdin>")
+            if job.input is None and sys.stdin.isatty():  # interactive: answer each line as it is typed
+                for line in lines:
+                    print(translate([line])[0], file=out, flush=True)
+            else:
+                for translation in translate(list(lines), progress=job.input is not None):
+                    out.write(translation + "\n")
         if out is not sys.stdout:
             out.close()
-    except (CheckpointError, DataError) as err:
+    except (ConfigError, CheckpointError, DataError) as err:
         log.error("%s", err)
         sys.exit(2)
 

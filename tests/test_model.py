@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nmt.config import AttentionAliases, ModelConfig, Norm, Position
+from nmt.config import ModelConfig, Norm, Position
 from nmt.model import BOS, PAD, Transformer, reorder
 
 VOCAB = 50
@@ -106,8 +106,8 @@ def test_padded_source_rows_match_unpadded():
         torch.testing.assert_close(model(padded, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_cross_attention_has_no_edge_tables_and_aliases_resolve():
-    model = small_model(attention=AttentionAliases(clip=1, rel_value=False))
+def test_cross_attention_has_no_edge_tables():
+    model = small_model(clip=1, rel_value=False)
     layer = model.decoder[0]
     assert layer.cross_attn.rel_k is None and layer.cross_attn.rel_v is None
     assert layer.self_attn.rel_k.shape[-2] == 3 and layer.self_attn.rel_v is None

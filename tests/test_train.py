@@ -86,6 +86,39 @@ def test_average_equals_parameter_mean(prepared, tmp_path):
     assert average_main([str(tmp_path), "--last", "9", "--output", str(out)]) == 2
 
 
+def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):
+    """Averaging N checkpoints keeps the running sum and at most one loaded checkpoint alive."""
+    import gc
+    import weakref
+
+    from nmt import checkpoint as checkpoint_module
+
+    paths = []
+    for step in range(1, 6):
+        paths.append(tmp_path / f"checkpoint_{step:07d}.pt")
+        save_checkpoint({"model": {"w": torch.full((64,), float(step)), "n": torch.tensor(step)},
+                         "optimizer": {"m": torch.zeros(64)}, "step": step}, paths[-1])
+    alive: list[weakref.ref] = []
+    most_alive = 0
+    real_load = checkpoint_module.load_checkpoint
+
+    def counting_load(path, *args, **kwargs):
+        nonlocal most_alive
+        gc.collect()
+        most_alive = max(most_alive, sum(ref() is not None for ref in alive) + 1)
+        state = real_load(path, *args, **kwargs)
+        alive.append(weakref.ref(state["model"]["w"]))
+        return state
+
+    monkeypatch.setattr(checkpoint_module, "load_checkpoint", counting_load)
+    checkpoint_module.write_average(paths, tmp_path / "avg.pt")
+    assert len(alive) == len(paths)  # each checkpoint read once (the last one is not read again)
+    assert most_alive == 1  # no earlier checkpoint alive while one is read: with the running sum, two state dicts
+    averaged = real_load(tmp_path / "avg.pt")
+    torch.testing.assert_close(averaged["model"]["w"], torch.full((64,), 3.0))
+    assert averaged["model"]["n"].item() == 5 and averaged["step"] == 5 and "optimizer" not in averaged
+
+
 def test_average_refuses_mismatched_keys(tmp_path):
     save_checkpoint({"model": {"a": torch.ones(2)}}, tmp_path / "checkpoint_0000001.pt")
     save_checkpoint({"model": {"b": torch.ones(2)}}, tmp_path / "checkpoint_0000002.pt")
@@ -173,17 +206,18 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
 
 
 def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
-    """python -m nmt.train -m model.attention.clip=0,2 (DESIGN §4, Table 2) runs one job per value."""
+    """python -m nmt.train -m model.clip=0,2 (DESIGN §4, Table 2) runs one job per value, config.yaml says which."""
     overrides = [f"data.{k}={getattr(prepared, k)}" for k in
                  ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir")]
     result = subprocess.run(
         [sys.executable, "-m", "nmt.train", "-m", "data=local", *overrides,
-         *[f"model.{k}={v}" for k, v in MICRO_MODEL.items()], "model.attention.clip=0,2", "train.max_steps=2",
+         *[f"model.{k}={v}" for k, v in MICRO_MODEL.items() if k != "clip"], "model.clip=0,2", "train.max_steps=2",
          "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1", f"hydra.sweep.dir={tmp_path}"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     tables = {}
     for job_dir in (tmp_path / "0", tmp_path / "1"):
-        clip = load_checkpoint(job_dir / LAST)["config"]["model"]["attention"]["clip"]
+        clip = load_checkpoint(job_dir / LAST)["config"]["model"]["clip"]
+        assert f"clip: {clip}" in (job_dir / "config.yaml").read_text()
         tables[clip] = params(job_dir / LAST)["encoder.0.self_attn.rel_k"].shape[-2]
     assert tables == {0: 1, 2: 5}

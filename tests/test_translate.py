@@ -45,6 +45,24 @@ def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
     assert piped.returncode == 0 and piped.stdout.split("\n")[:-1] == out[:-1]
 
 
+def test_translate_replaces_invalid_utf8_and_names_the_line(checkpoint, tmp_path):
+    raw = b"A man rides a bike.\nA dog \xff\xfe runs.\n\nTwo \xc3 cats.\n"
+    for where in ("stdin", "file"):
+        args = [f"checkpoint={checkpoint}"]
+        if where == "file":
+            (tmp_path / "bad.en").write_bytes(raw)
+            args.append(f"input={tmp_path}/bad.en")
+        result = subprocess.run([sys.executable, "-m", "nmt.translate", *args], cwd=ROOT, input=raw,
+                                capture_output=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+        stderr = result.stderr.decode()
+        assert result.returncode == 0, stderr
+        assert "Traceback" not in stderr
+        assert ":2: invalid UTF-8" in stderr and ":4: invalid UTF-8" in stderr and ":1:" not in stderr
+        out = result.stdout.decode("utf-8").split("\n")
+        assert len(out) == 5 and out[-1] == "" and out[2] == ""  # one line per input line, the empty one empty
+        assert all(out[i] for i in (0, 1, 3))
+
+
 def test_translate_refuses_a_checkpoint_with_pickled_code(tmp_path):
     torch.save({"model": {}, "payload": tmp_path}, tmp_path / "evil.pt")
     result = cli("nmt.translate", f"checkpoint={tmp_path}/evil.pt", stdin="hello\n")
@@ -87,3 +105,21 @@ def test_score_refuses_misaligned_files(tmp_path):
     (tmp_path / "r").write_text("a\n")
     result = cli("nmt.score", f"hyp={tmp_path}/h", f"ref={tmp_path}/r")
     assert result.returncode == 2 and "has 2 lines" in result.stderr
+
+
+@pytest.mark.parametrize("module,args,field", [
+    ("nmt.translate", ["checkpoint=x.pt", "beam=0"], "beam=0"),
+    ("nmt.translate", ["checkpoint=x.pt", "beam=-3"], "beam=-3"),
+    ("nmt.translate", ["checkpoint=x.pt", "alpha=-1"], "alpha=-1.0"),
+    ("nmt.train", ["train.max_tokens=0"], "train.max_tokens=0"),
+    ("nmt.train", ["train.update_freq=0"], "train.update_freq=0"),
+    ("nmt.train", ["model.clip=-1"], "model.clip=-1"),
+    ("nmt.train", ["model.heads=3"], "model.d_model=256"),
+    ("nmt.train", ["train.keep_last=5", "train.average_last=20"], "train.average_last=20"),
+    ("nmt.prepare", ["data.vocab_size=0"], "data.vocab_size=0"),
+])
+def test_out_of_range_values_are_one_line_errors(module, args, field, tmp_path):
+    result = cli(module, *args, f"hydra.run.dir={tmp_path}") if module == "nmt.train" else cli(module, *args)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert f"{field} is invalid" in result.stderr

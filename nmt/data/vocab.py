@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,7 +20,22 @@ def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_siz
 
     sample_size bounds the memory: SentencePiece draws that many sentences at random
     (input_sentence_size with shuffle_input_sentence) instead of loading all of WMT14.
+    A corpus too small for vocab_size gets the largest vocabulary it supports, with a warning.
     """
+    try:
+        return _train_bpe(text_file, model_prefix, vocab_size, sample_size)
+    except RuntimeError as err:
+        largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(err))
+        if largest is None:
+            raise
+        supported = int(largest.group(1))
+        log.warning("data.vocab_size=%d is more than this training text supports (at most %d word pieces): "
+                    "using %d; set data.vocab_size=%d or less to silence this", vocab_size, supported, supported,
+                    supported)
+        return _train_bpe(text_file, model_prefix, supported, sample_size)
+
+
+def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
     spm.SentencePieceTrainer.train(
         input=str(text_file),
         model_prefix=str(model_prefix),

@@ -88,6 +88,7 @@ class DataConfig:
     vocab_sample: int = 4_000_000  # sentences sampled to train SentencePiece (input_sentence_size)
     max_len: int = 250  # training pairs longer than this (subword tokens, either side) are dropped
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
+    max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
     prepared_dir: Optional[str] = None  # default: prepared/<src>-<tgt>.<name>
     chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
 
@@ -97,6 +98,7 @@ class DataConfig:
         require(self.vocab_sample >= 1, "data.vocab_sample", self.vocab_sample, ">= 1")
         require(self.max_len >= 1, "data.max_len", self.max_len, ">= 1")
         require(self.max_ratio >= 1.0, "data.max_ratio", self.max_ratio, ">= 1")
+        require(self.max_src_words >= 0, "data.max_src_words", self.max_src_words, ">= 0 (0 = no cap)")
         require(self.chunk_lines >= 1, "data.chunk_lines", self.chunk_lines, ">= 1")
         return self
 

@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
@@ -83,12 +83,6 @@ class Env:
     def main(self) -> bool:
         return self.rank == 0
 
-    def all_sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(t)
-        return t.tolist()
-
 
 def retain_freed_memory() -> None:
     """Keep freed CPU tensors in the heap instead of returning them to the OS at every step.
@@ -127,6 +121,23 @@ def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | 
     if precision == Precision.fp16 or (precision == Precision.auto and not torch.cuda.is_bf16_supported()):
         return torch.float16
     return torch.bfloat16
+
+
+@dataclass
+class UpdateStats:
+    """What one update reports, read from the device once (per-token means over all ranks)."""
+
+    loss: float
+    nll: float
+    lr: float
+    grad_norm: float
+    tokens: int
+    stop: bool  # some rank ran out of train.max_minutes
+    skipped: bool = False  # non-finite loss, or an fp16 overflow: the step counter did not move
+
+    def scalars(self) -> dict:
+        return {"loss": self.loss, "nll": self.nll, "ppl": math.exp(min(self.nll, 50)), "lr": self.lr,
+                "grad_norm": self.grad_norm, "tokens": self.tokens}
 
 
 class Trainer:
@@ -207,35 +218,50 @@ class Trainer:
             self.epoch, self.batch = self.epoch + 1, 0
 
     # -- one update ----------------------------------------------------------------------------
-    def forward_loss(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        with torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            logits = self.ddp(batch.src, batch.tgt_in)
+    def autocast(self):
+        return torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+
+    def forward_loss(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.autocast():
+            logits = model(batch.src, batch.tgt_in)
         return smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
 
-    def update(self, batches: list, out_of_time: bool) -> dict:
-        """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks."""
-        batches = [b.to(self.env.device) for b in batches]
-        local_tokens = sum(b.target_tokens for b in batches)
-        tokens, = self.env.all_sum([local_tokens])
+    def update(self, batches: list, out_of_time: bool) -> UpdateStats:
+        """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks.
+
+        The host waits for the device once: the loss sums, the gradient norm and the stop flag come back
+        in one read after the backward passes, and decide whether the optimizer steps.
+        """
+        env = self.env
+        local_tokens = sum(b.target_tokens for b in batches)  # counted on the host at collation
+        tokens = torch.tensor(float(local_tokens), device=env.device)
+        if env.world_size > 1:
+            dist.all_reduce(tokens)  # stays on the device: only divides the loss
+        batches = [b.to(env.device) for b in batches]
         lr = learning_rate(self.step + 1, self.job.model.d_model, self.job.optim, self.cfg.max_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        loss_sum = nll_sum = 0.0
+        sums = torch.zeros(4, device=env.device)  # loss, nll, local tokens, stop
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or self.env.world_size == 1 else self.ddp.no_sync()
+            sync = contextlib.nullcontext() if last or env.world_size == 1 else self.ddp.no_sync()
             with sync:
-                loss, nll = self.forward_loss(batch)
+                loss, nll = self.forward_loss(self.ddp, batch)
                 # DDP averages over ranks, so scale by world_size / global tokens for a per-token mean.
-                self.scaler.scale(loss * (self.env.world_size / tokens)).backward()
-            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-        loss_sum, nll_sum, nonfinite, stop = self.env.all_sum(
-            [loss_sum, nll_sum, float(not math.isfinite(loss_sum)), float(out_of_time)])
+                self.scaler.scale(loss * (env.world_size / tokens)).backward()
+            sums[0] += loss.detach()
+            sums[1] += nll.detach()
+        sums[2], sums[3] = local_tokens, float(out_of_time)
+        if env.world_size > 1:
+            dist.all_reduce(sums)
         self.scaler.unscale_(self.optimizer)
         clip = self.job.optim.clip_norm if self.job.optim.clip_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
-        if nonfinite or not math.isfinite(loss_sum):
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        loss_sum, nll_sum, all_tokens, stop, grad_norm = torch.cat([sums, grad_norm.float()[None]]).tolist()
+        stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop > 0)
+        overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)
+        if not math.isfinite(loss_sum):
             self.bad_updates += 1
             self.optimizer.zero_grad(set_to_none=True)
             self.scaler.update()
@@ -243,32 +269,29 @@ class Trainer:
             if self.bad_updates >= self.cfg.max_bad_updates:
                 raise FloatingPointError(f"{self.bad_updates} non-finite losses in a row at update {self.step + 1}; "
                                          f"lower optim.lr_scale, raise optim.warmup, or use train.precision=fp32")
-            return {"skipped": True, "stop": bool(stop)}
+            return replace(stats, skipped=True)
         self.bad_updates = 0
-        scale = self.scaler.get_scale()
         self.scaler.step(self.optimizer)  # with fp16, skipped when a gradient overflowed
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.scaler.is_enabled() and self.scaler.get_scale() < scale:
+        if overflow:
             log.info("fp16 gradient overflow at update %d: loss scale lowered to %g; its micro-batches were "
                      "dropped (the update is not counted)", self.step + 1, self.scaler.get_scale())
-            return {"skipped": True, "stop": bool(stop)}
+            return replace(stats, skipped=True)
         self.step += 1
-        return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50)),
-                "lr": lr, "grad_norm": grad_norm, "tokens": tokens, "stop": bool(stop), "skipped": False}
+        return stats
 
     # -- validation ----------------------------------------------------------------------------
     @torch.no_grad()
     def validate(self) -> dict:
         self.model.eval()
-        loss_sum = nll_sum = tokens = 0.0
+        sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss, nll, tokens
         for _, batch in epoch_batches(self.valid_data, self.cfg.max_tokens, 0, 0, self.env.rank, self.env.world_size):
-            batch = batch.to(self.env.device)
-            with torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                logits = self.model(batch.src, batch.tgt_in)
-            loss, nll = smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
-            loss_sum, nll_sum, tokens = loss_sum + loss.item(), nll_sum + nll.item(), tokens + batch.target_tokens
-        loss_sum, nll_sum, tokens = self.env.all_sum([loss_sum, nll_sum, tokens])
+            loss, nll = self.forward_loss(self.model, batch.to(self.env.device))
+            sums += torch.stack([loss.double(), nll.double(), loss.new_tensor(batch.target_tokens, dtype=torch.float64)])
+        if self.env.world_size > 1:
+            dist.all_reduce(sums)
+        loss_sum, nll_sum, tokens = sums.tolist()
         stats = {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
         if self.env.main and self.cfg.valid_bleu_sentences > 0:
             stats["bleu_greedy"] = self.valid_bleu(self.cfg.valid_bleu_sentences)
@@ -280,7 +303,7 @@ class Trainer:
         sources = list(read_lines(self.data_dir / f"valid.{data.src}"))[:sentences]
         refs = list(read_lines(self.data_dir / f"valid.{data.tgt}"))[:sentences]
         vocab = Vocab(model_proto=self.spm_model)
-        with torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+        with self.autocast():
             hyps = translate_lines(self.model, vocab, sources, beam=1, device=self.env.device)
         return BLEU().corpus_score(hyps, [refs]).score
 
@@ -306,27 +329,27 @@ class Trainer:
         while self.step < cfg.max_steps:
             out_of_time = cfg.max_minutes > 0 and time.monotonic() - start > cfg.max_minutes * 60
             stats = self.update([next(stream) for _ in range(cfg.update_freq)], out_of_time)
-            if stats["skipped"]:
-                if stats["stop"]:
+            if stats.skipped:
+                if stats.stop:
                     break
                 continue
             bar.update(1)
-            tokens_since_log += stats["tokens"]
+            tokens_since_log += stats.tokens
             if self.step % cfg.log_every == 0 or self.step == 1:
                 now = time.monotonic()
-                stats["tokens_per_s"] = tokens_since_log / max(now - last_log, 1e-9)
+                scalars = {**stats.scalars(), "tokens_per_s": tokens_since_log / max(now - last_log, 1e-9)}
                 last_log, tokens_since_log = now, 0
-                self.log_scalars("train", stats)
-                bar.set_postfix(loss=f"{stats['loss']:.3f}", ppl=f"{stats['ppl']:.1f}",
-                                tok_s=f"{stats['tokens_per_s']:.0f}", lr=f"{stats['lr']:.2e}")
+                self.log_scalars("train", scalars)
+                bar.set_postfix(loss=f"{stats.loss:.3f}", ppl=f"{scalars['ppl']:.1f}",
+                                tok_s=f"{scalars['tokens_per_s']:.0f}", lr=f"{stats.lr:.2e}")
             if cfg.valid_every and self.step % cfg.valid_every == 0:
                 self.log_scalars("valid", self.validate())
                 validated = self.step
             due_by_time = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
-            if self.step % cfg.save_every_steps == 0 or due_by_time or stats["stop"]:
+            if self.step % cfg.save_every_steps == 0 or due_by_time or stats.stop:
                 self.save()
                 last_save = time.monotonic()
-            if stats["stop"]:
+            if stats.stop:
                 log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
                 break
         bar.close()

@@ -2,7 +2,8 @@
 
 Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
 exactly one output line per input line, in input order. Empty or whitespace-only lines give
-empty lines; lines longer than the model's limit are truncated with a warning, never dropped.
+empty lines. A model with absolute (sinusoid) positions truncates lines longer than its table, with a
+warning, never dropping them; a relative-position model has no such limit and reads them whole.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from omegaconf import MISSING, OmegaConf
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
-from nmt.config import ConfigError, model_config_from_dict, require
+from nmt.config import ConfigError, Position, model_config_from_dict, require
 from nmt.data.batching import pad_rows
 from nmt.data.readers import DataError
 from nmt.data.vocab import Vocab
@@ -65,15 +66,18 @@ def load_translator(checkpoint: str | Path, device: torch.device) -> tuple[Trans
     return model.to(device).eval(), vocab
 
 
-def input_limit(model: Transformer, max_extra: int) -> int:
-    """Longest source (tokens, EOS excluded) whose output still fits the model's position table."""
+def input_limit(model: Transformer, max_extra: int) -> int | None:
+    """Longest source (tokens, EOS excluded) whose output still fits the sinusoid table; None when the
+    model has no absolute positions (relative or none): relative distances are clipped, never out of range."""
+    if model.cfg.position not in (Position.absolute, Position.both):
+        return None
     return model.cfg.max_positions - max_extra - 1
 
 
-def encode_lines(vocab: Vocab, lines: list[str], limit: int) -> list[list[int]]:
+def encode_lines(vocab: Vocab, lines: list[str], limit: int | None) -> list[list[int]]:
     ids = vocab.encode([line.strip() for line in lines])
     for number, row in enumerate(ids, 1):
-        if len(row) > limit:
+        if limit is not None and len(row) > limit:
             log.warning("input line %d has %d tokens: truncated to the model's limit of %d", number, len(row), limit)
             del row[limit:]
     return ids

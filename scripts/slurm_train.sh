@@ -14,5 +14,4 @@ head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 srun .venv/bin/python -m torch.distributed.run \
   --nnodes="$SLURM_NNODES" --nproc_per_node=4 \
   --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node:29500" \
-  -m nmt.train model=base data=wmt14_en_de train.max_steps=100000 train.max_tokens=4096 train.update_freq=1 \
-  train.output_dir=outputs/base_wmt14_en_de train.average_last=5
+  -m nmt.train model=base data=wmt14_en_de +experiment=paper_base train.output_dir=outputs/base_wmt14_en_de

@@ -56,6 +56,21 @@ def test_prepare_filters_train_keeps_valid_test_and_round_trips(corpus):
         assert vocab.decode(test[i][1].tolist()) == " ".join(unicodedata.normalize("NFKC", line).split())
 
 
+def test_source_word_cap_drops_long_training_pairs_only(corpus):
+    from nmt.data.pipeline import prepared_dir
+
+    uncapped = local_config(corpus, prepared_dir=None)
+    capped = local_config(corpus, prepared_dir=None, max_src_words=8)
+    assert prepared_dir(capped) != prepared_dir(uncapped)  # never overwrites the uncapped data
+    out = prepare(local_config(corpus, max_src_words=8))
+    stats = json.loads((out / "manifest.json").read_text())["stats"]
+    vocab = Vocab(out / "spm.model")
+    train = Shard(out, "train", len(vocab))
+    assert stats["train"]["dropped_src_words"] > 100
+    assert all(len(vocab.decode(train[i][0].tolist()).split()) <= 8 for i in range(len(train)))
+    assert stats["test"]["kept"] == 15 and stats["valid"]["kept"] == 20  # evaluation keeps long sentences
+
+
 def test_vocab_special_ids_and_no_unk(corpus):
     out = prepare(local_config(corpus))
     vocab = Vocab(out / "spm.model")

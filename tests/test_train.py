@@ -177,6 +177,28 @@ def test_nonfinite_loss_skips_the_update_then_stops(prepared, tmp_path, monkeypa
         run(job(prepared, tmp_path / "all", max_steps=4, max_bad_updates=3))
 
 
+def test_fp16_overflow_lowers_the_scale_and_drops_the_update(prepared, tmp_path, monkeypatch):
+    """A finite loss whose gradients are not (an fp16 overflow): the scaler halves, the update does not count."""
+    real = train_module.smoothed_loss
+    calls = {"n": 0}
+
+    def nan_gradients_once(logits, target, epsilon):
+        calls["n"] += 1
+        loss, nll = real(logits, target, epsilon)
+        if calls["n"] == 3:  # d/dx sqrt(|x - x|) at 0 is inf * 0: NaN gradients, finite value
+            x = logits.float()
+            loss = loss + 0.0 * (x - x.detach()).abs().sqrt().sum()
+        return loss, nll
+
+    monkeypatch.setattr(train_module, "smoothed_loss", nan_gradients_once)
+    run(job(prepared, tmp_path, max_steps=4, precision="fp16", save_every_steps=4))
+    state = load_checkpoint(tmp_path / LAST)
+    assert state["step"] == 4  # the dropped update was not counted: four more followed
+    assert state["scaler"]["scale"] == 2.0**15  # lowered once from 2^16
+    assert "micro-batches were dropped" in (tmp_path / "train.log").read_text()
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
 def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_path):
     """torchrun --nproc_per_node=2 (gloo) takes the same updates as 1 process with update_freq=2."""
     shard = Shard(prepared_dir(prepared), "train", 600)

@@ -54,37 +54,51 @@ class Batch:
     src: torch.Tensor  # (B, Ns) ids + EOS, right-padded
     tgt_in: torch.Tensor  # (B, Nt) BOS + ids, right-padded
     tgt_out: torch.Tensor  # (B, Nt) ids + EOS, right-padded
+    target_tokens: int  # real tokens of tgt_out, counted on the host: reading it never waits for a device
 
     def to(self, device) -> "Batch":
-        return Batch(*(t.to(device, non_blocking=True) for t in (self.src, self.tgt_in, self.tgt_out)))
+        pinned = device.type == "cuda" if isinstance(device, torch.device) else str(device).startswith("cuda")
+        moved = (t.pin_memory().to(device, non_blocking=True) if pinned else t.to(device)
+                 for t in (self.src, self.tgt_in, self.tgt_out))
+        return Batch(*moved, self.target_tokens)
 
-    @property
-    def target_tokens(self) -> int:
-        return int(self.tgt_out.ne(PAD).sum())
 
+def gather_padded(flat: np.ndarray, offsets: np.ndarray, indices: np.ndarray, prefix: int | None = None,
+                  suffix: int | None = None) -> np.ndarray:
+    """Sentences flat[offsets[i]:offsets[i+1]] for i in indices as one right-padded (B, N) int64 array.
 
-def pad_rows(rows: list[np.ndarray], prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
-    extra = (prefix is not None) + (suffix is not None)
-    out = torch.full((len(rows), max(len(r) for r in rows) + extra), PAD, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids = torch.from_numpy(row.astype(np.int64))
-        start = 0
-        if prefix is not None:
-            out[i, 0] = prefix
-            start = 1
-        out[i, start : start + len(ids)] = ids
-        if suffix is not None:
-            out[i, start + len(ids)] = suffix
+    One vectorized gather, no loop per sentence: collation stays off the training step's critical path.
+    """
+    starts = offsets[indices]
+    lengths = offsets[indices + 1] - starts
+    shift = int(prefix is not None)
+    width = int(lengths.max(initial=0)) + shift + int(suffix is not None)
+    position = np.arange(width)[None, :] - shift  # index inside the sentence, (1, N)
+    inside = (position >= 0) & (position < lengths[:, None])  # (B, N)
+    take = np.where(inside, starts[:, None] + position, 0)
+    out = np.where(inside, flat[take] if len(flat) else 0, PAD).astype(np.int64)
+    if prefix is not None:
+        out[:, 0] = prefix
+    if suffix is not None:
+        out[np.arange(len(indices)), lengths + shift] = suffix
     return out
 
 
+def pad_rows(rows: list[np.ndarray], prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
+    """Right-padded (B, N) long tensor of rows, with an optional first and last token on each."""
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    flat = np.concatenate([np.asarray(r, dtype=np.int64) for r in rows]) if len(rows) else np.zeros(0, np.int64)
+    return torch.from_numpy(gather_padded(flat, offsets, np.arange(len(rows)), prefix, suffix))
+
+
 def collate(shard: Shard, indices: np.ndarray) -> Batch:
-    pairs = [shard[int(i)] for i in indices]
-    return Batch(
-        src=pad_rows([s for s, _ in pairs], suffix=EOS),
-        tgt_in=pad_rows([t for _, t in pairs], prefix=BOS),
-        tgt_out=pad_rows([t for _, t in pairs], suffix=EOS),
-    )
+    indices = np.asarray(indices, dtype=np.int64)
+    tgt_in = gather_padded(shard.tgt, shard.tgt_offsets, indices, prefix=BOS)
+    tgt_out = gather_padded(shard.tgt, shard.tgt_offsets, indices, suffix=EOS)
+    target_tokens = int((shard.tgt_offsets[indices + 1] - shard.tgt_offsets[indices]).sum()) + len(indices)
+    return Batch(torch.from_numpy(gather_padded(shard.src, shard.src_offsets, indices, suffix=EOS)),
+                 torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), target_tokens)
 
 
 def epoch_batches(shard: Shard, max_tokens: int, seed: int, epoch: int, rank: int = 0, world_size: int = 1,

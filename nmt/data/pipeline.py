@@ -31,7 +31,8 @@ SPLITS = ("train", "valid", "test")
 
 
 def prepared_dir(cfg: DataConfig) -> Path:
-    return Path(cfg.prepared_dir or f"prepared/{cfg.name}_{cfg.src}_{cfg.tgt}")
+    capped = f"_src{cfg.max_src_words}w" if cfg.max_src_words else ""  # never overwrite the uncapped data
+    return Path(cfg.prepared_dir or f"prepared/{cfg.name}_{cfg.src}_{cfg.tgt}{capped}")
 
 
 def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
@@ -73,7 +74,7 @@ def manifest_key(cfg: DataConfig) -> dict:
         "src": cfg.src, "tgt": cfg.tgt,
         "inputs": describe_inputs(cfg),
         "vocab": {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample},
-        "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio},
+        "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio, "max_src_words": cfg.max_src_words},
     }
 
 
@@ -113,6 +114,9 @@ def _write_split(cfg: DataConfig, split: str, vocab: Vocab, out: Path) -> dict:
             counts["read"] += len(chunk)
             if split == "train":
                 keep = [drop_reason(len(s), len(t), cfg.max_len, cfg.max_ratio) for s, t in zip(src_ids, tgt_ids)]
+                if cfg.max_src_words:
+                    keep = [reason or ("src_words" if len(text.split()) > cfg.max_src_words else None)
+                            for reason, text in zip(keep, sources)]
                 counts.update(f"dropped_{reason}" for reason in keep if reason)
                 src_ids = [ids for ids, reason in zip(src_ids, keep) if reason is None]
                 tgt_ids = [ids for ids, reason in zip(tgt_ids, keep) if reason is None]

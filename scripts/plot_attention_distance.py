@@ -1,0 +1,128 @@
+"""Where a trained relative model's encoder looks: mean attention mass by relative distance j - i.
+
+    python scripts/plot_attention_distance.py CHECKPOINT [CHECKPOINT ...] --output results/attention_distance.png
+        [--source prepared/multi30k_en_de/test.en] [--sentences 1000] [--max-distance 24]
+
+For each encoder layer and head: the attention probability a query puts on the key at distance j - i,
+averaged over the non-padding queries of the source sentences (eval mode, no dropout). The clipping
+window [-k, k] is shaded: mass outside it is attention to keys whose edge vectors are all the same, so
+any preference there comes from content, or from position carried up from the layers below.
+Also writes the numbers as JSON next to the PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.data.readers import read_lines  # noqa: E402
+from nmt.model import EOS, PAD  # noqa: E402
+from nmt.data.batching import pad_rows  # noqa: E402
+from nmt.translate import load_translator  # noqa: E402
+from nmt.attention import relative_buckets  # noqa: E402
+
+
+def attention_probs(attn, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """Eq. 4's softmax for one self-attention module, written out: (B, H, N, N)."""
+    q, k = attn.split_heads(attn.q_proj(x)), attn.split_heads(attn.k_proj(x))  # (B, H, N, D)
+    scores = q @ k.transpose(-1, -2)
+    if attn.rel_k is not None:
+        n = x.shape[1]
+        table = attn.rel_k[relative_buckets(n, n, attn.clip)]  # (N, N, D) or (H, N, N, D): small N only
+        scores = scores + (torch.einsum("bhid,ijd->bhij", q, table) if table.dim() == 3
+                           else torch.einsum("bhid,hijd->bhij", q, table))
+    scores = scores / math.sqrt(q.shape[-1])
+    return scores.masked_fill(pad[:, None, None, :], float("-inf")).softmax(-1)
+
+
+@torch.no_grad()
+def mass_by_distance(checkpoint: Path, sources: list[str], max_distance: int) -> dict:
+    model, vocab = load_translator(checkpoint, torch.device("cpu"))
+    if model.cfg.position.value not in ("relative", "both"):
+        raise SystemExit(f"{checkpoint}: position={model.cfg.position.value}, not a relative model")
+    ids = [row for row in vocab.encode(sources) if row]
+    distances = torch.arange(-max_distance, max_distance + 1)
+    layers, heads = len(model.encoder), model.cfg.heads
+    mass = torch.zeros(layers, heads, len(distances), dtype=torch.float64)
+    queries = 0
+    captured = {}
+    hooks = [layer.self_attn.register_forward_hook(
+        lambda module, args, out, index=i: captured.__setitem__(index, args[0])) for i, layer in enumerate(model.encoder)]
+    for start in range(0, len(ids), 64):
+        src = pad_rows([torch.tensor(row).numpy() for row in ids[start:start + 64]], suffix=EOS)
+        pad = src.eq(PAD)
+        model.encode(src)
+        n = src.shape[1]
+        offset = torch.arange(n)[None, :] - torch.arange(n)[:, None]  # (N, N), j - i
+        valid = (~pad)[:, :, None] & (~pad)[:, None, :]  # (B, N, N): both ends real tokens
+        queries += int((~pad).sum())
+        for layer_index, layer in enumerate(model.encoder):
+            probs = attention_probs(layer.self_attn, captured[layer_index], pad)  # (B, H, N, N)
+            probs = probs * valid[:, None]
+            for slot, d in enumerate(distances.tolist()):
+                mass[layer_index, :, slot] += probs[..., offset == d].sum(dim=(0, 2)).double()
+    for hook in hooks:
+        hook.remove()
+    mass /= queries
+    return {"checkpoint": str(checkpoint), "clip": model.cfg.clip, "distances": distances.tolist(),
+            "mass": mass.tolist(), "queries": queries,
+            "outside_window": mass[..., distances.abs() > model.cfg.clip].sum(-1).tolist()}
+
+
+def plot(results: list[dict], output: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = len(results[0]["mass"])
+    fig, axes = plt.subplots(len(results), layers, figsize=(4.2 * layers, 3.2 * len(results)), squeeze=False,
+                             sharey=True)
+    for row, result in enumerate(results):
+        k = result["clip"]
+        for layer in range(layers):
+            ax = axes[row][layer]
+            ax.axvspan(-k - 0.5, k + 0.5, color="0.92", zorder=0)
+            for head, values in enumerate(result["mass"][layer]):
+                ax.plot(result["distances"], values, marker=".", linewidth=1, label=f"head {head}")
+            outside = sum(result["outside_window"][layer]) / len(result["outside_window"][layer])
+            ax.set_title(f"k={k}, encoder layer {layer + 1}: {outside:.1%} outside |j-i|≤k", fontsize=9)
+            ax.set_xlabel("relative distance j − i")
+            if layer == 0:
+                ax.set_ylabel("mean attention mass")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", type=Path)
+    parser.add_argument("--source", type=Path, default=ROOT / "prepared" / "multi30k_en_de" / "test.en")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--max-distance", type=int, default=24)
+    parser.add_argument("--output", type=Path, default=ROOT / "results" / "attention_distance.png")
+    args = parser.parse_args()
+    sources = list(read_lines(args.source))[:args.sentences]
+    results = [mass_by_distance(path, sources, args.max_distance) for path in args.checkpoints]
+    plot(results, args.output)
+    args.output.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    for result in results:
+        for layer, outside in enumerate(result["outside_window"]):
+            print(f"k={result['clip']} layer {layer + 1}: mass outside the window per head "
+                  + " ".join(f"{v:.3f}" for v in outside))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

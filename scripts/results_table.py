@@ -1,0 +1,152 @@
+"""Turn results/<table>/<row>/seed<k>/result.json into the README's tables (Markdown).
+
+    python scripts/results_table.py [--readme README.md] [--samples 1000]
+
+Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and the paired bootstrap
+test of sacrebleu (`--paired-bs`; 1,000 resamples, seed 12345) of the row against its table's reference
+row, on the concatenation of the seeds' hypotheses (seed k against seed k). With --readme, the text
+between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is replaced by the table NAME.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_SOURCE = ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz"
+LENGTH_BUCKETS = [(1, 9), (10, 12), (13, 15), (16, 19), (20, 999)]
+
+# The paper's figures next to ours: base model, compound-split BLEU; Table 1 on newstest2014, 2 and 3 on newstest2013.
+PAPER = {
+    "table1": {"en-de.absolute": 26.5, "en-de.relative": 26.8, "en-fr.absolute": 38.2, "en-fr.relative": 38.7},
+    "table2": {"k0": 12.5, "k1": 25.5, "k2": 25.8, "k4": 25.9, "k16": 25.8, "k64": 25.9},
+    "table3": {"key+value": 25.8, "key": 25.8, "value": 25.3, "neither": 12.5},
+}
+# Which row each row is tested against.
+REFERENCE = {
+    "table1": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute"},
+    "table2": {f"k{k}": "k16" for k in (0, 1, 2, 4, 64)},
+    "table3": {"key": "key+value", "value": "key+value", "neither": "key+value"},
+    "length": {"relative": "absolute"},
+}
+
+
+def load_runs(results: Path, table: str) -> dict[str, dict[int, dict]]:
+    """row -> seed -> result (with its hypotheses)."""
+    rows: dict[str, dict[int, dict]] = {}
+    for path in sorted(results.glob(f"{table}/*/seed*/result.json")):
+        result = json.loads(path.read_text())
+        result["hyps"] = (path.parent / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
+        rows.setdefault(path.parent.parent.name, {})[result["seed"]] = result
+    order = list(PAPER.get(table, {}))
+    return dict(sorted(rows.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order),
+                                                       item[0])))
+
+
+def test_lines(lang: str) -> list[str]:
+    with gzip.open(str(TEST_SOURCE).format(lang=lang), "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n").strip() for line in f]
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def paired_bootstrap(system: list[str], baseline: list[str], refs: list[str], samples: int) -> float:
+    """sacrebleu's paired bootstrap resampling (as `sacrebleu --paired-bs`): p-value of system vs baseline."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU()}, [refs],
+                      test_type="bs", n_samples=samples)
+    _, scores = test()
+    return scores["BLEU"][1].p_value
+
+
+def seed_paired(row: dict[int, dict], other: dict[int, dict], refs: list[str]) -> tuple[list, list, list]:
+    seeds = sorted(set(row) & set(other))
+    return ([h for s in seeds for h in row[s]["hyps"]], [h for s in seeds for h in other[s]["hyps"]],
+            [r for _ in seeds for r in refs])
+
+
+def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> str:
+    lines = ["| row | seeds | sacreBLEU (mean ± std) | chrF | compound-split BLEU | paper | vs | p (paired bootstrap) |",
+             "|---|---|---|---|---|---|---|---|"]
+    refs_by_pair = {}
+    for name, seeds in rows.items():
+        pair = next(iter(seeds.values()))["pair"]
+        if pair not in refs_by_pair:
+            refs_by_pair[pair] = test_lines(pair.split("-")[1])
+        results = [seeds[s] for s in sorted(seeds)]
+        against, p = REFERENCE.get(table, {}).get(name), ""
+        if against in rows and set(rows[against]) & set(seeds):
+            p = f"{paired_bootstrap(*seed_paired(seeds, rows[against], refs_by_pair[pair]), samples):.4f}"
+        paper = PAPER.get(table, {}).get(name)
+        lines.append(f"| {name} | {len(results)} | {mean_std([r['bleu'] for r in results])} | "
+                     f"{statistics.mean(r['chrf'] for r in results):.2f} | "
+                     f"{statistics.mean(r['compound_split_bleu'] for r in results):.2f} | "
+                     f"{paper if paper is not None else ''} | {against or ''} | {p} |")
+    return "\n".join(lines)
+
+
+def length_table(rows: dict[str, dict[int, dict]]) -> str:
+    """sacreBLEU by source length (words) of test_2016_flickr, mean over seeds."""
+    from sacrebleu.metrics import BLEU
+
+    sources, refs = test_lines("en"), test_lines("de")
+    buckets = [[i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi] for lo, hi in LENGTH_BUCKETS]
+    head = " | ".join(f"{lo}–{hi}" if hi < 999 else f"≥ {lo}" for lo, hi in LENGTH_BUCKETS)
+    lines = [f"| row | seeds | {head} |", "|---|---|" + "---|" * len(buckets),
+             "| sentences | | " + " | ".join(str(len(b)) for b in buckets) + " |"]
+    for name, seeds in rows.items():
+        cells = []
+        for bucket in buckets:
+            scores = [BLEU().corpus_score([r["hyps"][i] for i in bucket], [[refs[i] for i in bucket]]).score
+                      for r in seeds.values()]
+            cells.append(mean_std(scores))
+        lines.append(f"| {name} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, name: str, block: str) -> str:
+    pattern = re.compile(rf"(<!-- results:{re.escape(name)} -->\n).*?(<!-- /results:{re.escape(name)} -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"no <!-- results:{name} --> ... <!-- /results:{name} --> block in the README")
+    return pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=ROOT / "results")
+    parser.add_argument("--readme", type=Path, help="replace the marked blocks in this file")
+    parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    args = parser.parse_args()
+    blocks = {}
+    for table in ("table1", "table2", "table3"):
+        rows = load_runs(args.results, table)
+        if rows:
+            blocks[table] = bleu_table(table, rows, args.samples)
+    rows = load_runs(args.results, "length")
+    if rows:
+        blocks["length"] = bleu_table("length", rows, args.samples) + "\n\nBy source length (words):\n\n" + \
+            length_table(rows)
+    for name, block in blocks.items():
+        print(f"## {name}\n\n{block}\n")
+    if args.readme:
+        text = args.readme.read_text(encoding="utf-8")
+        for name, block in blocks.items():
+            text = replace_block(text, name, block)
+        args.readme.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

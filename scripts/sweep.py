@@ -1,0 +1,144 @@
+"""Run the small-scale tables (the paper's Tables 1-3 and the length study) on the bundled Multi30k.
+
+    python scripts/sweep.py table1|table2|table3|length [--jobs N] [--seeds 1 2 3] [--dry-run]
+
+Every run of a table has the same recipe (configs/experiment/<table>.yaml: the `tiny` model, a budget in
+updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
+writes results/<table>/<row>/seed<k>/{result.json, test.hyp.<tgt>, config.yaml, train.log, tensorboard/}.
+A run whose result.json exists is skipped, so a sweep killed half-way resumes where it stopped; a run
+with exactly the same resolved config in another table is copied from there, not trained twice.
+Seeds are the outer loop: an unfinished sweep still has every row at its first seeds.
+`--jobs N` runs N side by side (one CPU thread each on a CPU; on a GPU they share it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.experiment import compose_job, cpu_precision  # noqa: E402
+
+# row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
+TABLES = {
+    "table1": {"seeds": [1, 2, 3], "rows": {
+        "en-de.absolute": ("en-de", ["model.position=absolute"]),
+        "en-de.relative": ("en-de", []),
+        "en-fr.absolute": ("en-fr", ["model.position=absolute"]),
+        "en-fr.relative": ("en-fr", []),
+    }},
+    "table2": {"seeds": [1, 2], "rows": {f"k{k}": ("en-de", [f"model.clip={k}"]) for k in (0, 1, 2, 4, 16, 64)}},
+    "table3": {"seeds": [1, 2, 3], "rows": {
+        "key+value": ("en-de", []),
+        "key": ("en-de", ["model.rel_value=false"]),
+        "value": ("en-de", ["model.rel_key=false"]),
+        "neither": ("en-de", ["model.rel_key=false", "model.rel_value=false"]),
+    }},
+    "length": {"seeds": [1, 2], "rows": {
+        "absolute": ("en-de", ["model.position=absolute"]),
+        "relative": ("en-de", []),
+    }},
+}
+KEPT = ("result.json", "config.yaml", "train.log")
+
+
+def run_overrides(table: str, pair: str, row_overrides: list[str], seed: int, device: str) -> list[str]:
+    precision = [f"train.precision={cpu_precision()}"] if device == "cpu" else []
+    return ["model=tiny", f"data=multi30k_{pair.replace('-', '_')}", f"+experiment={table}", *row_overrides,
+            f"train.seed={seed}", *precision]
+
+
+def identity(overrides: list[str]) -> str:
+    """What makes two runs the same run: the resolved config, less where it was written and with how many threads."""
+    _, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
+    for name in ("output_dir", "threads", "device"):
+        resolved["train"].pop(name)
+    return json.dumps(resolved, sort_keys=True)
+
+
+def find_same_run(key: str, results: Path, exclude: Path) -> Path | None:
+    for found in sorted(results.glob("*/*/seed*/result.json")):
+        if found.parent != exclude and json.loads(found.read_text()).get("identity") == key:
+            return found.parent
+    return None
+
+
+def keep_results(run_dir: Path, target: Path) -> None:
+    """The small files of a finished run, under results/ (checkpoints stay in outputs/)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for path in run_dir.iterdir():
+        if path.name in KEPT or path.name.startswith("test.hyp."):
+            shutil.copy2(path, target / path.name)
+    shutil.copytree(run_dir / "tensorboard", target / "tensorboard", dirs_exist_ok=True)
+
+
+def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int, args) -> str:
+    target = args.results / table / row / f"seed{seed}"
+    name = f"{table}/{row}/seed{seed}"
+    if (target / "result.json").is_file():
+        return f"{name}: done already"
+    overrides = run_overrides(table, pair, row_overrides, seed, args.device)
+    key = identity(overrides)
+    same = find_same_run(key, args.results, target)
+    if same is not None:
+        shutil.copytree(same, target, dirs_exist_ok=True)
+        result = json.loads((target / "result.json").read_text())
+        result.update(table=table, row=row, same_run_as=str(same.relative_to(args.results.parent)))
+        (target / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        return f"{name}: the same run as {same}, copied"
+    if args.dry_run:
+        return f"{name}: would run {' '.join(overrides)}"
+    run_dir = args.outputs / table / row / f"seed{seed}"
+    threads = [f"train.threads={args.threads}"] if args.device == "cpu" else []
+    command = [sys.executable, "-m", "nmt.experiment", "--output", str(run_dir), *overrides, *threads,
+               f"train.device={args.device}"]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
+    start = time.monotonic()
+    with open(run_dir.parent / f"seed{seed}.log", "w") as log:
+        done = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        return f"{name}: FAILED (exit {done.returncode}), see {run_dir.parent / f'seed{seed}.log'}"
+    result = json.loads((run_dir / "result.json").read_text())
+    result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *command[3:]]))
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    keep_results(run_dir, target)
+    return f"{name}: BLEU {result['bleu']:.2f} in {(time.monotonic() - start) / 60:.1f} min"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("table", choices=sorted(TABLES))
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side")
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: the table's own seed list")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    parser.add_argument("--results", type=Path, default=ROOT / "results")
+    parser.add_argument("--outputs", type=Path, default=ROOT / "outputs" / "sweep")
+    parser.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
+    args = parser.parse_args()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    # One thread per job on a CPU (2 jobs on 2 cores), all of them for a single job.
+    args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    table = TABLES[args.table]
+    runs = [(row, pair, overrides, seed) for seed in (args.seeds or table["seeds"])
+            for row, (pair, overrides) in table["rows"].items()]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for done in as_completed([pool.submit(one_run, args.table, *r, args) for r in runs]):
+            print(done.result(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

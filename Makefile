@@ -12,7 +12,7 @@ MODEL ?= base
 DATA ?= wmt14_en_de
 EXTRA ?=
 
-.PHONY: install test demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
+.PHONY: table1 table2 table3 length-study plots install test demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
         ablate-k ablate-kv bench check-nproc
 
 install: .venv/installed
@@ -25,9 +25,11 @@ install: .venv/installed
 test: install
 	$(PY) -m pytest
 
-# The embedded default: prepare, train (13 min), average, decode and score the bundled Multi30k on a CPU.
+# The embedded default: prepare, train, decode and score the bundled Multi30k on a CPU. The budget is in
+# updates (UPDATES=...), so every machine trains the same model; only the time differs.
+UPDATES ?= 800
 demo: install
-	$(PY) scripts/demo.py --minutes 13 --output outputs/demo
+	$(PY) scripts/demo.py --updates $(UPDATES) --output outputs/demo
 
 prepare-wmt14: install
 	$(PY) -m nmt.prepare data=wmt14_en_de
@@ -79,6 +81,20 @@ ablate-kv: install check-nproc
 	  k=$${kv%,*}; v=$${kv#*,}; \
 	  $(LAUNCH) model=$(MODEL) data=$(DATA) model.rel_key=$$k model.rel_value=$$v train.update_freq=$(UPDATE_FREQ) \
 	    train.output_dir=outputs/ablate-kv/$(MODEL)_$(DATA)/key-$$k.value-$$v $(EXTRA) || exit 1; done
+
+# The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):
+# results/<table>/<row>/seed<k>/; a sweep that was stopped resumes where it stopped. JOBS runs side by side.
+JOBS ?= 2
+table1 table2 table3: install
+	$(PY) scripts/sweep.py $@ --jobs $(JOBS)
+
+length-study: install
+	$(PY) scripts/sweep.py length --jobs $(JOBS)
+
+# README tables, curves and the attention-distance plot from results/ (needs matplotlib: pip install -e '.[plots]')
+plots: install
+	$(PY) scripts/results_table.py --readme README.md
+	$(PY) scripts/plot_curves.py table1 table2 table3 length
 
 bench: install
 	$(PY) scripts/bench_attention.py

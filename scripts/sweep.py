@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nmt.data.pipeline import prepare  # noqa: E402
 from nmt.experiment import compose_job, cpu_precision  # noqa: E402
 
 # row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
@@ -134,6 +135,10 @@ def main() -> int:
     table = TABLES[args.table]
     runs = [(row, pair, overrides, seed) for seed in (args.seeds or table["seeds"])
             for row, (pair, overrides) in table["rows"].items()]
+    if not args.dry_run:  # once, here: parallel jobs preparing the same folder would race
+        for pair in sorted({pair for _, pair, _, _ in runs}):
+            job, _ = compose_job([*run_overrides(args.table, pair, [], 1, args.device), "train.output_dir=-"])
+            prepare(job.data)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for done in as_completed([pool.submit(one_run, args.table, *r, args) for r in runs]):
             print(done.result(), flush=True)

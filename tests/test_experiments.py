@@ -1,0 +1,83 @@
+"""The experiment pipeline (nmt.experiment), the sweep runner and the results tables."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+from nmt.experiment import train_and_score
+from tests.conftest import MULTI30K, ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import results_table  # noqa: E402
+import sweep  # noqa: E402
+
+
+def local_overrides(prepared):
+    data = [f"data.{k}={getattr(prepared, k)}" for k in
+            ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir")]
+    model = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
+             "model.ffn_dim=64"]
+    return ["data=local", *data, *model, "train.max_steps=4", "train.max_tokens=600", "train.save_every_steps=2",
+            "train.average_last=2", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1"]
+
+
+def test_train_and_score_records_what_it_ran(prepared, tmp_path):
+    result = train_and_score([*local_overrides(prepared), "model.clip=3", "model.rel_value=false",
+                              "train.seed=7"], tmp_path / "run", split="test")
+    assert result["pair"] == "en-de" and result["seed"] == 7 and result["updates"] == 4
+    assert result["model"] == {"position": "relative", "clip": 3, "rel_key": True, "rel_value": False,
+                               "share_heads": False}
+    assert result["averaged_from"] == ["checkpoint_0000002.pt", "checkpoint_0000004.pt"]
+    hyps = (tmp_path / "run" / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hyps) == result["sentences"] == 15
+    assert result["signature"].startswith("nrefs:1|case:mixed") and 0.0 <= result["bleu"] <= 100.0
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "clip: 3" in config and "rel_value: false" in config  # config.yaml holds the values really used
+
+
+def test_sweep_skips_finished_runs_and_reuses_identical_ones(tmp_path):
+    results = tmp_path / "results"
+    overrides = sweep.run_overrides("table1", "en-de", [], 1, "cpu")
+    done = results / "table1" / "en-de.relative" / "seed1"
+    done.mkdir(parents=True)
+    (done / "result.json").write_text(json.dumps({"identity": sweep.identity(overrides), "bleu": 30.0, "seed": 1}))
+    (done / "test.hyp.de").write_text("x\n")
+    command = [sys.executable, "scripts/sweep.py", "--results", str(results), "--dry-run", "--seeds=1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([*command, "table2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "table2/k16/seed1: the same run as" in out.stdout  # k=16 is Table 1's relative En-De run
+    assert "table2/k0/seed1: would run" in out.stdout and "model.clip=0" in out.stdout
+    copied = json.loads((results / "table2" / "k16" / "seed1" / "result.json").read_text())
+    assert copied["bleu"] == 30.0 and copied["same_run_as"].endswith("table1/en-de.relative/seed1")
+    again = subprocess.run([*command, "table1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "table1/en-de.relative/seed1: done already" in again.stdout
+    assert "table1/en-de.absolute/seed1: would run" in again.stdout
+
+
+def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_path):
+    with gzip.open(MULTI30K / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        refs = [line.strip() for line in f]
+    broken = [" ".join(line.split()[::-1]) for line in refs]  # word order scrambled: far worse BLEU
+    for row, hyps_by_seed in (("key+value", (refs, refs[:500] + broken[500:])), ("neither", (broken, broken))):
+        for seed, hyps in enumerate(hyps_by_seed, 1):
+            folder = tmp_path / "table3" / row / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            from sacrebleu.metrics import BLEU, CHRF
+            result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "bleu": BLEU().corpus_score(hyps, [refs]).score,
+                      "chrf": CHRF().corpus_score(hyps, [refs]).score, "compound_split_bleu": 0.0}
+            (folder / "result.json").write_text(json.dumps(result))
+    rows = results_table.load_runs(tmp_path, "table3")
+    assert list(rows) == ["key+value", "neither"]
+    table = results_table.bleu_table("table3", rows, samples=200)
+    full = [r["bleu"] for r in rows["key+value"].values()]
+    assert f"| key+value | 2 | {sum(full) / 2:.2f} ± " in table
+    p_value = float(table.splitlines()[-1].split("|")[-2])
+    assert p_value < 0.05 and "| 12.5 | key+value |" in table
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
+    readme.write_text(results_table.replace_block(readme.read_text(), "table3", table))
+    assert "old" not in readme.read_text() and table in readme.read_text() and "after" in readme.read_text()

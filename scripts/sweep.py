@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -58,9 +59,13 @@ def run_overrides(table: str, pair: str, row_overrides: list[str], seed: int, de
             f"train.seed={seed}", *precision]
 
 
+_COMPOSE = threading.Lock()  # Hydra's compose API is a process-wide singleton: one thread at a time
+
+
 def identity(overrides: list[str]) -> str:
     """What makes two runs the same run: the resolved config, less where it was written and with how many threads."""
-    _, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
+    with _COMPOSE:
+        _, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
     for name in ("output_dir", "threads", "device"):
         resolved["train"].pop(name)
     return json.dumps(resolved, sort_keys=True)
@@ -141,7 +146,10 @@ def main() -> int:
             prepare(job.data)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         for done in as_completed([pool.submit(one_run, args.table, *r, args) for r in runs]):
-            print(done.result(), flush=True)
+            try:
+                print(done.result(), flush=True)
+            except Exception as err:  # one broken run must not stop the others
+                print(f"a run failed before it started: {err!r}", flush=True)
     return 0
 
 

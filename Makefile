@@ -1,8 +1,12 @@
 PY := .venv/bin/python
 NPROC ?= 8
-# The paper's batch (~25k source + 25k target tokens per update) is 8 devices x 4096 tokens; fewer
-# devices accumulate gradients over 8/NPROC micro-batches to keep the same effective batch.
-UPDATE_FREQ = $(shell expr 8 / $(NPROC))
+MAX_TOKENS ?= 4096
+# The paper's batch (~25k source + 25k target tokens per update) is 8 devices x 4,096 padded tokens = 32,768.
+# Other device counts or micro-batch sizes (MAX_TOKENS=32768 NPROC=1 on a large GPU) accumulate over
+# round(32768 / (NPROC x MAX_TOKENS)) micro-batches, at least 1, to keep that effective batch.
+PAPER_BATCH := 32768
+UPDATE_FREQ = $(shell echo $$(( ($(PAPER_BATCH) + $(NPROC) * $(MAX_TOKENS) / 2) / ($(NPROC) * $(MAX_TOKENS)) )) \
+                | awk '{print ($$1 < 1) ? 1 : $$1}')
 LAUNCH = $(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) -m nmt.train
 PAIR ?= en-de
 TGT = $(word 2,$(subst -, ,$(PAIR)))
@@ -38,15 +42,18 @@ prepare-wmt14-fr: install
 	$(PY) -m nmt.prepare data=wmt14_en_fr
 
 check-nproc:
-	@test $$((8 % $(NPROC))) -eq 0 || { echo "NPROC must divide 8 (got $(NPROC))"; exit 2; }
+	@echo "effective batch: $(NPROC) devices x $(MAX_TOKENS) tokens x $(UPDATE_FREQ) micro-batches =" \
+	  "$$(( $(NPROC) * $(MAX_TOKENS) * $(UPDATE_FREQ) )) padded tokens per update (the paper's: $(PAPER_BATCH))"
 
 # Shaw et al. 2018 base and big: the recipes are configs/experiment/paper_{base,big}.yaml (updates, batch,
 # checkpoint cadence, averaging); here only the device count and the matching accumulation are added.
 train-base: install check-nproc
-	$(LAUNCH) model=base data=wmt14_en_de +experiment=paper_base train.update_freq=$(UPDATE_FREQ) $(EXTRA)
+	$(LAUNCH) model=base data=wmt14_en_de +experiment=paper_base train.max_tokens=$(MAX_TOKENS) \
+	  train.update_freq=$(UPDATE_FREQ) $(EXTRA)
 
 train-big: install check-nproc
-	$(LAUNCH) model=big data=wmt14_en_de +experiment=paper_big train.update_freq=$(UPDATE_FREQ) $(EXTRA)
+	$(LAUNCH) model=big data=wmt14_en_de +experiment=paper_big train.max_tokens=$(MAX_TOKENS) \
+	  train.update_freq=$(UPDATE_FREQ) $(EXTRA)
 
 # Two CPU processes (gloo) of the tiny model for 30 updates: proof that the DDP path runs end to end.
 train-smoke: install

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, latest_usable, numbered_checkpoints, save_numbered, write_average
 from nmt.config import ConfigError, OptimConfig, Precision, Schedule, TrainConfig, TrainJob, register_schemas
-from nmt.data.batching import epoch_batches
+from nmt.data.batching import Prefetcher, epoch_batches
 from nmt.data.pipeline import load_manifest, prepare, prepared_dir
 from nmt.data.readers import DataError, read_lines
 from nmt.data.vocab import Vocab
@@ -208,14 +208,22 @@ class Trainer:
 
     # -- data ----------------------------------------------------------------------------------
     def micro_batches(self):
-        """Endless stream of this rank's batches; self.epoch/self.batch always name the next one."""
+        """Endless stream of (epoch, position after it, batch) for this rank, from the saved data position.
+
+        It runs ahead in a background thread, so the trainer sets its data position (self.epoch,
+        self.batch) from the items it has consumed, never from how far the stream has read."""
+        epoch, start = self.epoch, self.batch
         while True:
-            batches = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed, self.epoch,
-                                    self.env.rank, self.env.world_size, start=self.batch)
+            batches = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed, epoch,
+                                    self.env.rank, self.env.world_size, start=start)
             for position, batch in batches:
-                self.batch = position + 1
-                yield batch
-            self.epoch, self.batch = self.epoch + 1, 0
+                yield epoch, position + 1, batch
+            epoch, start = epoch + 1, 0
+
+    def next_micro_batches(self, stream) -> list:
+        items = [next(stream) for _ in range(self.cfg.update_freq)]
+        self.epoch, self.batch = items[-1][0], items[-1][1]
+        return [batch for _, _, batch in items]
 
     # -- one update ----------------------------------------------------------------------------
     def autocast(self):
@@ -321,14 +329,32 @@ class Trainer:
         log.info("world size %d on %s, %s precision; %s parameters; effective batch <= %d tokens per update",
                  env.world_size, env.device, self.amp_dtype or "fp32", f"{count_parameters(self.model):,}",
                  cfg.max_tokens * cfg.update_freq * env.world_size)
-        stream = self.micro_batches()
+        stream = Prefetcher(self.micro_batches(), depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
+        start = time.monotonic()
+        try:
+            validated = self.run_updates(stream)
+        finally:
+            stream.close()
+        if self.saved_step != self.step:
+            self.save()
+        if validated != self.step:
+            self.log_scalars("valid", self.validate())
+        if env.main and cfg.average_last > 0:
+            paths = numbered_checkpoints(self.out)[-cfg.average_last:]
+            log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))
+        log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - start) / 60)
+
+    def run_updates(self, stream) -> int:
+        """Updates until train.max_steps (or max_minutes); logs, validates and saves on the way.
+        Returns the update at which validation last ran."""
+        cfg = self.cfg
         start = last_save = last_log = time.monotonic()
         tokens_since_log, validated = 0, -1
-        bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not env.main, dynamic_ncols=True,
+        bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not self.env.main, dynamic_ncols=True,
                    mininterval=0.5 if sys.stderr.isatty() else 60)
         while self.step < cfg.max_steps:
             out_of_time = cfg.max_minutes > 0 and time.monotonic() - start > cfg.max_minutes * 60
-            stats = self.update([next(stream) for _ in range(cfg.update_freq)], out_of_time)
+            stats = self.update(self.next_micro_batches(stream), out_of_time)
             if stats.skipped:
                 if stats.stop:
                     break
@@ -353,14 +379,7 @@ class Trainer:
                 log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
                 break
         bar.close()
-        if self.saved_step != self.step:
-            self.save()
-        if validated != self.step:
-            self.log_scalars("valid", self.validate())
-        if env.main and cfg.average_last > 0:
-            paths = numbered_checkpoints(self.out)[-cfg.average_last:]
-            log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))
-        log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - start) / 60)
+        return validated
 
     def log_scalars(self, prefix: str, stats: dict) -> None:
         if not self.env.main:

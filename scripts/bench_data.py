@@ -1,7 +1,8 @@
 """Data pipeline cost: prepare time, encode throughput, a WMT14-sized projection with peak memory,
-and the batcher's padding efficiency.
+the batcher's padding efficiency, and collation time per batch.
 
     python scripts/bench_data.py [--pairs 1015000] [--output results/bench_data.json]
+    python scripts/bench_data.py --collation-only     # just the collation figures (median ms per batch)
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import argparse
 import gzip
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from nmt.data.batching import make_batches
+from nmt.config import DataConfig
+from nmt.data.batching import collate, make_batches
+from nmt.data.pipeline import load_manifest, prepare, prepared_dir
 from nmt.data.shards import Shard
 from nmt.data.vocab import Vocab
 
@@ -41,12 +45,36 @@ def padding_efficiency(shard: Shard, max_tokens: int) -> float:
     return real / padded
 
 
+def collation_ms(shard: Shard, max_tokens: int, batches: int = 200) -> float:
+    """Median milliseconds to gather one batch into padded tensors (what the training loop waits for)."""
+    order = make_batches(shard.src_lengths + 1, shard.tgt_lengths + 1, max_tokens, seed=1, epoch=0)[:batches]
+    times = []
+    for indices in order:
+        start = time.perf_counter()
+        collate(shard, indices)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def report_collation(shard: Shard, report: dict) -> None:
+    for budget in (4096, 25000):
+        ms = collation_ms(shard, budget)
+        report[f"collation_ms_max_tokens_{budget}"] = round(ms, 3)
+        print(f"collation at max_tokens {budget}: {ms:.2f} ms per batch (median)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=1_015_000, help="size of the large corpus (Multi30k repeated)")
     parser.add_argument("--output", default="results/bench_data.json")
+    parser.add_argument("--collation-only", action="store_true", help="only time collation (needs no prepare)")
     args = parser.parse_args()
     report = {}
+    if args.collation_only:
+        prepared = prepared_dir(DataConfig(name="multi30k"))
+        prepare(DataConfig(name="multi30k"))
+        report_collation(Shard(prepared, "train", load_manifest(prepared)["vocab_size"]), report)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         small = tmp / "multi30k"
@@ -67,6 +95,7 @@ def main() -> None:
             eff = padding_efficiency(Shard(small, "train", len(vocab)), budget)
             report[f"padding_efficiency_max_tokens_{budget}"] = round(eff, 4)
             print(f"padding efficiency at max_tokens {budget}: {eff:.3f} (real / padded tokens, both sides)")
+        report_collation(Shard(small, "train", len(vocab)), report)
 
         big = tmp / "big"
         big.mkdir()

@@ -213,3 +213,37 @@ def test_decoded_newline_byte_cannot_break_line_alignment(corpus):
     assert "\n" in vocab.sp.decode(hello + [newline] + hello)  # what SentencePiece alone would emit
     decoded = vocab.decode(hello + [newline] + hello)
     assert "\n" not in decoded and "\r" not in decoded and decoded.split() == ["Hallo", "Hallo"]
+
+
+def test_prefetcher_yields_in_order_and_raises_where_the_iterator_did():
+    from nmt.data.batching import Prefetcher
+
+    assert list(Prefetcher(iter(range(50)), depth=3)) == list(range(50))
+
+    def broken():
+        yield 1
+        yield 2
+        raise ValueError("bad line 7")
+
+    stream = Prefetcher(broken(), depth=1)
+    assert next(stream) == 1 and next(stream) == 2
+    with pytest.raises(ValueError, match="bad line 7"):
+        next(stream)
+    endless = Prefetcher(iter(lambda: 0, 1), depth=2)  # never ends: close() must stop its thread
+    assert next(endless) == 0
+    endless.close()
+    assert not endless._thread.is_alive()
+
+
+def test_vectorized_collation_equals_a_per_sentence_loop(corpus):
+    out = prepare(local_config(corpus))
+    shard = Shard(out, "train", len(Vocab(out / "spm.model")))
+    indices = np.array([5, 0, 17, 3, 400, 2])
+    batch = collate(shard, indices)
+    pairs = [shard[int(i)] for i in indices]
+    width_src, width_tgt = max(len(s) for s, _ in pairs) + 1, max(len(t) for _, t in pairs) + 1
+    for row, (s, t) in enumerate(pairs):
+        assert batch.src[row].tolist() == [*s.tolist(), EOS] + [PAD] * (width_src - len(s) - 1)
+        assert batch.tgt_in[row].tolist() == [BOS, *t.tolist()] + [PAD] * (width_tgt - len(t) - 1)
+        assert batch.tgt_out[row].tolist() == [*t.tolist(), EOS] + [PAD] * (width_tgt - len(t) - 1)
+    assert batch.target_tokens == sum(len(t) + 1 for _, t in pairs) == int(batch.tgt_out.ne(PAD).sum())

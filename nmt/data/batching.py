@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,11 +58,17 @@ class Batch:
     tgt_out: torch.Tensor  # (B, Nt) ids + EOS, right-padded
     target_tokens: int  # real tokens of tgt_out, counted on the host: reading it never waits for a device
 
+    def pin_memory(self) -> "Batch":
+        return Batch(*(t.pin_memory() for t in (self.src, self.tgt_in, self.tgt_out)), self.target_tokens)
+
     def to(self, device) -> "Batch":
-        pinned = device.type == "cuda" if isinstance(device, torch.device) else str(device).startswith("cuda")
-        moved = (t.pin_memory().to(device, non_blocking=True) if pinned else t.to(device)
-                 for t in (self.src, self.tgt_in, self.tgt_out))
-        return Batch(*moved, self.target_tokens)
+        """On CUDA, an asynchronous copy from pinned memory: the host does not wait for it."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device), self.target_tokens)
+        pinned = self if self.src.is_pinned() else self.pin_memory()
+        return Batch(*(t.to(device, non_blocking=True) for t in (pinned.src, pinned.tgt_in, pinned.tgt_out)),
+                     self.target_tokens)
 
 
 def gather_padded(flat: np.ndarray, offsets: np.ndarray, indices: np.ndarray, prefix: int | None = None,
@@ -108,3 +116,52 @@ def epoch_batches(shard: Shard, max_tokens: int, seed: int, epoch: int, rank: in
     mine = rank_batches(batches, rank, world_size)
     for position in range(start, len(mine)):
         yield position, collate(shard, mine[position])
+
+
+class Prefetcher:
+    """Runs an iterator in a background thread, `depth` items ahead, so batches are gathered (and pinned,
+    for CUDA) while the device computes. Yields exactly what the iterator yields, in order; an exception
+    in the iterator is raised here, at the item where it happened."""
+
+    _END = object()
+
+    def __init__(self, iterator, depth: int = 4, pin_memory: bool = False):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(iterator, pin_memory), daemon=True)
+        self._thread.start()
+
+    def _fill(self, iterator, pin_memory: bool) -> None:
+        try:
+            for item in iterator:
+                if pin_memory:
+                    item = tuple(x.pin_memory() if isinstance(x, Batch) else x for x in item)
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as err:  # handed to the consumer
+            self._put(err)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

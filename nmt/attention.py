@@ -78,6 +78,10 @@ def relation_aware_attention(
     # paper's k=256) the work stays O(N) vectors, not O(k).
     lo = min(clip, max(-clip, -(q_offset + nq - 1))) + clip
     hi = min(clip, max(-clip, nk - 1 - q_offset)) + clip
+    if torch.compiler.is_compiling():
+        # Under torch.compile with dynamic shapes the symbolic min/max of lengths has no valid range
+        # (InductorError: ValueRangeError): the whole table is used, a no-op unless k >= N.
+        lo, hi = 0, 2 * clip
     buckets = relative_buckets(nq, nk, clip, q_offset, q.device) - lo  # (Nq, Nk) in [0, hi - lo]
     rel_k = None if rel_k is None else rel_k[..., lo : hi + 1, :].to(q.dtype)
     if rel_v is None:
@@ -86,7 +90,27 @@ def relation_aware_attention(
         key_bias = edge_scores.gather(-1, buckets.expand(*q.shape[:-1], nk))  # (B, H, Nq, Nk)
         return _fused(q, k, v, key_bias, mask, empty_rows, dropout_p)
     rel_v = rel_v[..., lo : hi + 1, :].to(q.dtype)
+    if torch.compiler.is_compiling():  # plain ops: the compiler derives the backward and fuses the n^2 work
+        return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
+
+
+def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale) -> Tensor:
+    """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces."""
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
+    if rel_k is not None:  # Eq. 4's q_i . a^K_ij, gathered from q against the 2k+1 edge vectors
+        edge = q @ rel_k.transpose(-1, -2).unsqueeze(0) if rel_k.dim() == 3 else q @ rel_k.t()
+        scores = scores + edge.gather(-1, buckets.expand(*q.shape[:-1], -1)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    probs = scores.float().softmax(-1).to(q.dtype)
+    if empty_rows is not None:
+        probs = probs.masked_fill(empty_rows, 0.0)
+    probs = F.dropout(probs, dropout_p) if dropout_p > 0.0 else probs
+    one_hot = (buckets.unsqueeze(-1) == torch.arange(rel_v.shape[-2], device=q.device)).to(q.dtype)
+    bucket_mass = torch.einsum("bhij,ijr->bhir", probs, one_hot)  # (B, H, Nq, 2k+1)
+    edge_values = bucket_mass @ rel_v.unsqueeze(0) if rel_v.dim() == 3 else bucket_mass @ rel_v
+    return probs @ v + edge_values  # Eq. 3
 
 
 # The hand-written core works heads-first, (H, B, N, D): a per-head edge table then meets its

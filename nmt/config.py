@@ -159,6 +159,7 @@ class TrainConfig:
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
     max_bad_updates: int = 10  # consecutive non-finite losses before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
+    compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
 
     def check(self) -> "TrainConfig":
         self.precision = Precision(self.precision)

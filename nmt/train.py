@@ -156,6 +156,10 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)
         self.model = Transformer(job.model, self.vocab_size).to(env.device)
         self.ddp = DistributedDataParallel(self.model) if env.world_size > 1 else self.model
+        # Compiled for training only (checkpoints come from self.model: plain keys, no "_orig_mod."); batch
+        # shapes change every step, so the graph is traced with dynamic shapes once, not once per shape.
+        compile_model = self.cfg.compile if self.cfg.compile is not None else env.device.type == "cuda"
+        self.train_model = torch.compile(self.ddp, dynamic=True) if compile_model else self.ddp
         o: OptimConfig = job.optim
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(o.beta1, o.beta2), eps=o.eps)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
@@ -255,7 +259,7 @@ class Trainer:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or env.world_size == 1 else self.ddp.no_sync()
             with sync:
-                loss, nll = self.forward_loss(self.ddp, batch)
+                loss, nll = self.forward_loss(self.train_model, batch)
                 # DDP averages over ranks, so scale by world_size / global tokens for a per-token mean.
                 self.scaler.scale(loss * (env.world_size / tokens)).backward()
             sums[0] += loss.detach()
@@ -326,8 +330,9 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.out / "tensorboard"))
-        log.info("world size %d on %s, %s precision; %s parameters; effective batch <= %d tokens per update",
-                 env.world_size, env.device, self.amp_dtype or "fp32", f"{count_parameters(self.model):,}",
+        log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
+                 env.world_size, env.device, self.amp_dtype or "fp32",
+                 ", torch.compile" if self.train_model is not self.ddp else "", f"{count_parameters(self.model):,}",
                  cfg.max_tokens * cfg.update_freq * env.world_size)
         stream = Prefetcher(self.micro_batches(), depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
         start = time.monotonic()

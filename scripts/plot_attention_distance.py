@@ -36,7 +36,7 @@ def attention_probs(attn, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
     scores = q @ k.transpose(-1, -2)
     if attn.rel_k is not None:
         n = x.shape[1]
-        table = attn.rel_k[relative_buckets(n, n, attn.clip)]  # (N, N, D) or (H, N, N, D): small N only
+        table = attn.rel_k[..., relative_buckets(n, n, attn.clip), :]  # (N, N, D) or (H, N, N, D): small N only
         scores = scores + (torch.einsum("bhid,ijd->bhij", q, table) if table.dim() == 3
                            else torch.einsum("bhid,hijd->bhij", q, table))
     scores = scores / math.sqrt(q.shape[-1])

@@ -115,7 +115,8 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     if done.returncode != 0:
         return f"{name}: FAILED (exit {done.returncode}), see {run_dir.parent / f'seed{seed}.log'}"
     result = json.loads((run_dir / "result.json").read_text())
-    result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *command[3:]]))
+    shown = [os.path.relpath(a, ROOT) if a == str(run_dir) else a for a in command[3:]]
+    result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *shown]))
     (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     keep_results(run_dir, target)
     return f"{name}: BLEU {result['bleu']:.2f} in {(time.monotonic() - start) / 60:.1f} min"

@@ -115,6 +115,11 @@ def setup_env(cfg: TrainConfig) -> Env:
     return Env(rank, world_size, local_rank, device)
 
 
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """Mixed precision around forward and loss (a no-op context for fp32)."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
     if precision == Precision.fp32 or (precision == Precision.auto and device.type == "cpu"):
         return None
@@ -231,7 +236,7 @@ class Trainer:
 
     # -- one update ----------------------------------------------------------------------------
     def autocast(self):
-        return torch.autocast(self.env.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None)
+        return autocast(self.env.device, self.amp_dtype)
 
     def forward_loss(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         with self.autocast():

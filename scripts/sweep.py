@@ -130,14 +130,16 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--outputs", type=Path, default=ROOT / "outputs" / "sweep")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads per run; 0 = cores / jobs")
     parser.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     args = parser.parse_args()
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    # One thread per job on a CPU (2 jobs on 2 cores), all of them for a single job.
-    args.threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    # One thread per job on a CPU (2 jobs on 2 cores), all of them for a single job; --threads when other
+    # sweeps share the machine (more threads than cores slows every job several times over).
+    args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     table = TABLES[args.table]
     runs = [(row, pair, overrides, seed) for seed in (args.seeds or table["seeds"])
             for row, (pair, overrides) in table["rows"].items()]

@@ -71,9 +71,19 @@ def identity(overrides: list[str]) -> str:
     return json.dumps(resolved, sort_keys=True)
 
 
+def same_config(a, b) -> bool:
+    """Equal resolved configs; a field only one side has counts as equal when it is null there (a field added
+    to the schema after a run was recorded, left at its null default)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(same_config(a.get(name), b.get(name)) for name in set(a) | set(b))
+    return a == b
+
+
 def find_same_run(key: str, results: Path, exclude: Path) -> Path | None:
+    wanted = json.loads(key)
     for found in sorted(results.glob("*/*/seed*/result.json")):
-        if found.parent != exclude and json.loads(found.read_text()).get("identity") == key:
+        recorded = json.loads(found.read_text()).get("identity")
+        if found.parent != exclude and recorded and same_config(json.loads(recorded), wanted):
             return found.parent
     return None
 

@@ -81,3 +81,11 @@ def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_pat
     readme.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
     readme.write_text(results_table.replace_block(readme.read_text(), "table3", table))
     assert "old" not in readme.read_text() and table in readme.read_text() and "after" in readme.read_text()
+
+
+def test_a_field_added_to_the_schema_later_does_not_hide_a_same_run():
+    old = {"model": {"clip": 16}, "train": {"seed": 1}}
+    new = {"model": {"clip": 16}, "train": {"seed": 1, "compile": None}}
+    assert sweep.same_config(old, new) and sweep.same_config(new, old)
+    assert not sweep.same_config(old, {"model": {"clip": 2}, "train": {"seed": 1, "compile": None}})
+    assert not sweep.same_config(old, {"model": {"clip": 16}, "train": {"seed": 1, "compile": True}})

@@ -1,6 +1,6 @@
 """Run the small-scale tables (the paper's Tables 1-3 and the length study) on the bundled Multi30k.
 
-    python scripts/sweep.py table1|table2|table3|length [--jobs N] [--seeds 1 2 3] [--dry-run]
+    python scripts/sweep.py table1|table2|table3|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
 
 Every run of a table has the same recipe (configs/experiment/<table>.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
@@ -137,6 +137,7 @@ def main() -> int:
     parser.add_argument("table", choices=sorted(TABLES))
     parser.add_argument("--jobs", type=int, default=1, help="runs side by side")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: the table's own seed list")
+    parser.add_argument("--rows", nargs="+", help="default: every row of the table")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--outputs", type=Path, default=ROOT / "outputs" / "sweep")
@@ -151,8 +152,11 @@ def main() -> int:
     # sweeps share the machine (more threads than cores slows every job several times over).
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     table = TABLES[args.table]
+    unknown = set(args.rows or []) - set(table["rows"])
+    if unknown:
+        parser.error(f"{args.table} has no row {', '.join(sorted(unknown))}; its rows: {', '.join(table['rows'])}")
     runs = [(row, pair, overrides, seed) for seed in (args.seeds or table["seeds"])
-            for row, (pair, overrides) in table["rows"].items()]
+            for row, (pair, overrides) in table["rows"].items() if not args.rows or row in args.rows]
     if not args.dry_run:  # once, here: parallel jobs preparing the same folder would race
         for pair in sorted({pair for _, pair, _, _ in runs}):
             job, _ = compose_job([*run_overrides(args.table, pair, [], 1, args.device), "train.output_dir=-"])

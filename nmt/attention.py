@@ -6,11 +6,16 @@ matrix; the value term sums attention probabilities into 2k+1 distance buckets a
 multiplies the (Nq, 2k+1) bucket masses by the table. Both are O(Nq * Nk + Nq * k * D).
 When a^V is off, the key term is an additive bias for the fused
 `F.scaled_dot_product_attention` kernel (measured faster on CPU, scripts/bench_attention.py).
+On CUDA with Triton installed, both terms run in one flash-style kernel instead
+(nmt/kernels/relative_attention.py: O(N) memory, no (N, N) tensor); the choice is made here, by device.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -66,14 +71,7 @@ def relation_aware_attention(
         if table is not None and table.shape[-2] != 2 * clip + 1:
             raise ValueError(f"{name} has {table.shape[-2]} edge vectors, clip={clip} needs {2 * clip + 1}")
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    mask = _attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
-    # Rows with no visible key (fully padded) must give 0, not NaN nor a uniform average.
-    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
-
-    if rel_k is None and rel_v is None:
-        return _fused(q, k, v, None, mask, empty_rows, dropout_p)
-
-    scale = 1.0 / math.sqrt(d)
+    relative = rel_k is not None or rel_v is not None
     # Only edge vectors for distances that occur here are touched: with k >= N (e.g. the
     # paper's k=256) the work stays O(N) vectors, not O(k).
     lo = min(clip, max(-clip, -(q_offset + nq - 1))) + clip
@@ -82,6 +80,25 @@ def relation_aware_attention(
         # Under torch.compile with dynamic shapes the symbolic min/max of lengths has no valid range
         # (InductorError: ValueRangeError): the whole table is used, a no-op unless k >= N.
         lo, hi = 0, 2 * clip
+    if relative and q.is_cuda and _fused_kernel_usable(q, hi - lo + 1):
+        from nmt.kernels.relative_attention import relative_attention
+
+        window = [None if t is None else t[..., lo : hi + 1, :] for t in (rel_k, rel_v)]
+        try:
+            return relative_attention(q, k, v, *window, clip, lo, key_padding_mask, causal, q_offset, dropout_p)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as err:  # a Triton build this GPU cannot run: say so once, then use the PyTorch path
+            _FUSED["failed"] = f"{type(err).__name__}: {err}"
+            warnings.warn(f"fused relative attention failed ({_FUSED['failed']}); using the PyTorch path. "
+                          "Set RELNMT_ATTENTION=torch to skip it.", stacklevel=2)
+    mask = _attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
+    # Rows with no visible key (fully padded) must give 0, not NaN nor a uniform average.
+    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    if not relative:
+        return _fused(q, k, v, None, mask, empty_rows, dropout_p)
+
+    scale = 1.0 / math.sqrt(d)
     buckets = relative_buckets(nq, nk, clip, q_offset, q.device) - lo  # (Nq, Nk) in [0, hi - lo]
     rel_k = None if rel_k is None else rel_k[..., lo : hi + 1, :].to(q.dtype)
     if rel_v is None:
@@ -93,6 +110,23 @@ def relation_aware_attention(
     if torch.compiler.is_compiling():  # plain ops: the compiler derives the backward and fuses the n^2 work
         return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
+
+
+# RELNMT_ATTENTION=torch keeps CUDA on the PyTorch path (benchmarks compare the two; an escape hatch).
+_FUSED: dict = {"failed": None}
+
+
+def _fused_kernel_usable(q: Tensor, num_buckets: int) -> bool:
+    """The Triton kernel runs where Triton is installed, the shapes fit it, and it has not failed here."""
+    if os.environ.get("RELNMT_ATTENTION", "auto") == "torch" or _FUSED["failed"]:
+        return False
+    if "available" not in _FUSED:
+        _FUSED["available"] = importlib.util.find_spec("triton") is not None
+    if not _FUSED["available"]:
+        return False
+    from nmt.kernels.relative_attention import supports
+
+    return supports(q, num_buckets)
 
 
 def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale) -> Tensor:

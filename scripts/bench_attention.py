@@ -3,6 +3,8 @@
 1. One self-attention layer (projections + attention), forward + backward, d_model 512, 8 heads,
    k=16 with a^K and a^V per head, ~1536 tokens per batch, n in {48, 96, 192}:
    ours relative | ours without tables (F.scaled_dot_product_attention) | OpenNMT-py 3.5.1 relative.
+   On CUDA "ours" is the fused Triton kernel; "ours_torch" is the same layer on the PyTorch path
+   (RELNMT_ATTENTION=torch), so the kernel's gain is measured side by side.
    Memory: bytes of activations the layer keeps for backward (deduplicated by storage).
 2. Whole models (tiny, base): one training step (forward, label-smoothed loss, backward),
    position=relative vs position=absolute.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -103,7 +106,22 @@ def layer_steps(n: int, device, dtype, opennmt_cls):
                 out.float().pow(2).mean().backward()
 
         steps[name] = step
+    if device.type == "cuda":
+        steps["ours_torch"] = on_torch_path(steps["ours_relative"])
     return steps
+
+
+def on_torch_path(step):
+    """The step with nmt.attention's Triton dispatch switched off."""
+
+    def run(backward=True):
+        os.environ["RELNMT_ATTENTION"] = "torch"
+        try:
+            step(backward=backward)
+        finally:
+            os.environ.pop("RELNMT_ATTENTION")
+
+    return run
 
 
 def model_steps(preset: str, device, dtype):
@@ -156,6 +174,10 @@ def main():
         print(f"{n:4d} {t['ours_relative'] * 1e3:12.2f} {t['sdpa'] * 1e3:9.2f} {onmt * 1e3:12.2f} "
               f"{row['ours_over_sdpa']:10.3f} {row['onmt_over_sdpa']:10.3f} {t['ours_relative'] / onmt:10.3f} "
               f"{row['mem_ours_over_sdpa']:14.3f}")
+        if "ours_torch" in t:
+            row["torch_path_over_sdpa"] = t["ours_torch"] / t["sdpa"]
+            print(f"     (PyTorch path instead of the Triton kernel: {t['ours_torch'] * 1e3:.2f} ms, "
+                  f"{row['torch_path_over_sdpa']:.3f} x sdpa, memory {mem['ours_torch'] / mem['sdpa']:.3f} x sdpa)")
 
     print(f"\nwhole model training step (batch 32 x 48 tokens), median of {args.model_repeats}")
     print("preset  relative ms  absolute ms  rel/abs")

@@ -1,9 +1,16 @@
 """Shared fixtures: a small real corpus cut from the bundled Multi30k."""
 
 import gzip
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, Triton kernels run in its interpreter (tests/test_kernels.py). The switch is read when
+# Triton defines its own library functions, so it must be set before anything imports triton.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from nmt.config import DataConfig
 

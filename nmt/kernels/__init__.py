@@ -1,0 +1,1 @@
+"""Optional fused GPU kernels (Triton) for nmt.attention; each is tested against the CPU path."""

@@ -138,7 +138,7 @@ def write_average(paths: list[Path], output: str | Path) -> Path:
     """Average paths into a checkpoint of the same format (config and step of the last one)."""
     model, last = _average(paths)
     state = {"model": model, "averaged_from": [Path(p).name for p in paths],
-             **{key: last[key] for key in ("config", "step", "vocab", "data_dir") if key in last}}
+             **{key: last[key] for key in ("config", "step", "vocab") if key in last}}
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(state, output)
     return Path(output)

@@ -10,8 +10,7 @@ from torch import Tensor, nn
 
 from nmt.attention import KV, MultiHeadAttention
 from nmt.config import ModelConfig, Norm, Position
-
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
 
 
 def sinusoids(n: int, d: int, offset: int = 0) -> Tensor:

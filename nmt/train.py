@@ -30,7 +30,7 @@ from nmt.data.batching import Prefetcher, epoch_batches
 from nmt.data.pipeline import load_manifest, prepare, prepared_dir
 from nmt.data.readers import DataError, read_lines
 from nmt.data.vocab import Vocab
-from nmt.data.shards import Shard
+from nmt.data.shards import EncodedSplit
 from nmt.model import PAD, Transformer, count_parameters
 from nmt.translate import translate_lines
 
@@ -76,7 +76,6 @@ def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, epsilon: float) ->
 class Env:
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     device: torch.device = torch.device("cpu")
 
     @property
@@ -112,7 +111,7 @@ def setup_env(cfg: TrainConfig) -> Env:
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local))
     if world_size > 1:
         dist.init_process_group("nccl" if want_cuda else "gloo", device_id=device if want_cuda else None)
-    return Env(rank, world_size, local_rank, device)
+    return Env(rank, world_size, device)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -154,22 +153,22 @@ class Trainer:
         if manifest is None:
             raise DataError(f"{data_dir} is not prepared: run python -m nmt.prepare data=<preset> first")
         self.vocab_size = manifest["vocab_size"]
-        self.data_dir = data_dir
+        self.data_dir = data_dir  # validation BLEU reads its raw sentences
         self.spm_model = (data_dir / "spm.model").read_bytes()  # checkpoints carry their vocabulary
-        self.train_data = Shard(data_dir, "train", self.vocab_size)
-        self.valid_data = Shard(data_dir, "valid", self.vocab_size)
+        self.train_data = EncodedSplit(data_dir, "train", self.vocab_size)
+        self.valid_data = EncodedSplit(data_dir, "valid", self.vocab_size)
         torch.manual_seed(self.cfg.seed)
         self.model = Transformer(job.model, self.vocab_size).to(env.device)
-        self.ddp = DistributedDataParallel(self.model) if env.world_size > 1 else self.model
+        self.data_parallel = DistributedDataParallel(self.model) if env.world_size > 1 else self.model
         # Compiled for training only (checkpoints come from self.model: plain keys, no "_orig_mod."); batch
         # shapes change every step, so the graph is traced with dynamic shapes once, not once per shape.
         compile_model = self.cfg.compile if self.cfg.compile is not None else env.device.type == "cuda"
-        self.train_model = torch.compile(self.ddp, dynamic=True) if compile_model else self.ddp
+        self.train_model = torch.compile(self.data_parallel, dynamic=True) if compile_model else self.data_parallel
         o: OptimConfig = job.optim
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(o.beta1, o.beta2), eps=o.eps)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
-        self.step, self.epoch, self.batch = 0, 0, 0
+        self.step, self.epoch, self.batch_index = 0, 0, 0
         self.bad_updates = 0
         self.saved_step = -1
         self.writer = None
@@ -181,9 +180,8 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state(self.env.device)
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch,
-            "rng": rng, "world_size": self.env.world_size, "vocab_size": self.vocab_size,
-            "data_dir": str(self.data_dir),
+            "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
+            "rng": rng, "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.spm_model), dtype=torch.uint8),
             "config": OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True),
         }
@@ -192,7 +190,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch, self.batch = state["step"], state["epoch"], state["batch"]
+        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
         torch.set_rng_state(state["rng"]["torch"])
         if "cuda" in state["rng"] and self.env.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.env.device)
@@ -207,7 +205,7 @@ class Trainer:
         path, state = found
         self.load_state_dict(state)
         self.saved_step = self.step
-        log.info("resumed from %s at update %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch)
+        log.info("resumed from %s at update %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_index)
 
     def save(self) -> None:
         if self.env.main:
@@ -220,8 +218,8 @@ class Trainer:
         """Endless stream of (epoch, position after it, batch) for this rank, from the saved data position.
 
         It runs ahead in a background thread, so the trainer sets its data position (self.epoch,
-        self.batch) from the items it has consumed, never from how far the stream has read."""
-        epoch, start = self.epoch, self.batch
+        self.batch_index) from the items it has consumed, never from how far the stream has read."""
+        epoch, start = self.epoch, self.batch_index
         while True:
             batches = epoch_batches(self.train_data, self.cfg.max_tokens, self.cfg.seed, epoch,
                                     self.env.rank, self.env.world_size, start=start)
@@ -231,7 +229,7 @@ class Trainer:
 
     def next_micro_batches(self, stream) -> list:
         items = [next(stream) for _ in range(self.cfg.update_freq)]
-        self.epoch, self.batch = items[-1][0], items[-1][1]
+        self.epoch, self.batch_index = items[-1][0], items[-1][1]
         return [batch for _, _, batch in items]
 
     # -- one update ----------------------------------------------------------------------------
@@ -262,7 +260,7 @@ class Trainer:
         sums = torch.zeros(4, device=env.device)  # loss, nll, local tokens, stop
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
-            sync = contextlib.nullcontext() if last or env.world_size == 1 else self.ddp.no_sync()
+            sync = contextlib.nullcontext() if last or env.world_size == 1 else self.data_parallel.no_sync()
             with sync:
                 loss, nll = self.forward_loss(self.train_model, batch)
                 # DDP averages over ranks, so scale by world_size / global tokens for a per-token mean.
@@ -337,7 +335,7 @@ class Trainer:
             self.writer = SummaryWriter(str(self.out / "tensorboard"))
         log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
                  env.world_size, env.device, self.amp_dtype or "fp32",
-                 ", torch.compile" if self.train_model is not self.ddp else "", f"{count_parameters(self.model):,}",
+                 ", torch.compile" if self.train_model is not self.data_parallel else "", f"{count_parameters(self.model):,}",
                  cfg.max_tokens * cfg.update_freq * env.world_size)
         stream = Prefetcher(self.micro_batches(), depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
         start = time.monotonic()

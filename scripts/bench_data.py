@@ -21,7 +21,7 @@ from pathlib import Path
 from nmt.config import DataConfig
 from nmt.data.batching import collate, make_batches
 from nmt.data.pipeline import load_manifest, prepare, prepared_dir
-from nmt.data.shards import Shard
+from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def timed_prepare_subprocess(overrides: list[str]) -> tuple[float, float]:
     return seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def padding_efficiency(shard: Shard, max_tokens: int) -> float:
+def padding_efficiency(shard: EncodedSplit, max_tokens: int) -> float:
     src, tgt = shard.src_lengths + 1, shard.tgt_lengths + 1
     batches = make_batches(src, tgt, max_tokens, seed=1, epoch=0)
     real = sum(int(src[b].sum() + tgt[b].sum()) for b in batches)
@@ -45,7 +45,7 @@ def padding_efficiency(shard: Shard, max_tokens: int) -> float:
     return real / padded
 
 
-def collation_ms(shard: Shard, max_tokens: int, batches: int = 200) -> float:
+def collation_ms(shard: EncodedSplit, max_tokens: int, batches: int = 200) -> float:
     """Median milliseconds to gather one batch into padded tensors (what the training loop waits for)."""
     order = make_batches(shard.src_lengths + 1, shard.tgt_lengths + 1, max_tokens, seed=1, epoch=0)[:batches]
     times = []
@@ -56,7 +56,7 @@ def collation_ms(shard: Shard, max_tokens: int, batches: int = 200) -> float:
     return 1000 * statistics.median(times)
 
 
-def report_collation(shard: Shard, report: dict) -> None:
+def report_collation(shard: EncodedSplit, report: dict) -> None:
     for budget in (4096, 25000):
         ms = collation_ms(shard, budget)
         report[f"collation_ms_max_tokens_{budget}"] = round(ms, 3)
@@ -73,7 +73,7 @@ def main() -> None:
     if args.collation_only:
         prepared = prepared_dir(DataConfig(name="multi30k"))
         prepare(DataConfig(name="multi30k"))
-        report_collation(Shard(prepared, "train", load_manifest(prepared)["vocab_size"]), report)
+        report_collation(EncodedSplit(prepared, "train", load_manifest(prepared)["vocab_size"]), report)
         return
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -92,10 +92,10 @@ def main() -> None:
         print(f"encode throughput: {rate:,.0f} sentences/s")
 
         for budget in (4096, 2048):
-            eff = padding_efficiency(Shard(small, "train", len(vocab)), budget)
+            eff = padding_efficiency(EncodedSplit(small, "train", len(vocab)), budget)
             report[f"padding_efficiency_max_tokens_{budget}"] = round(eff, 4)
             print(f"padding efficiency at max_tokens {budget}: {eff:.3f} (real / padded tokens, both sides)")
-        report_collation(Shard(small, "train", len(vocab)), report)
+        report_collation(EncodedSplit(small, "train", len(vocab)), report)
 
         big = tmp / "big"
         big.mkdir()

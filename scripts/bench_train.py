@@ -4,8 +4,11 @@
         [--presets tiny base big] [--max-tokens 4096] [--peak-tflops 989]
 
 Each (preset, position) trains in its own process (so peak RSS / CUDA peak memory is its own) on
-real Multi30k batches of --max-tokens with Adam; the two positions of a preset run alternately,
-`--rounds` times, and the median step time is reported. FLOPs per step are counted once with
+real Multi30k batches of --max-tokens with Adam, through nmt.train's own Trainer: first the isolated
+step (forward, loss, backward, Adam on batches already on the device; median step time), then the
+trainer's `update` over its own prefetched batch stream (host syncs, accumulation and bookkeeping
+included), so "trainer/step" shows what the loop around the step costs. The two positions of a preset
+run alternately, `--rounds` times (medians over rounds). FLOPs per step are counted once with
 torch.utils.flop_counter (forward + backward of one real batch); achieved TFLOP/s is that over the
 median step time, and MFU that over --peak-tflops (the accelerator's dense bf16 peak; H100/H200: 989).
 """
@@ -26,53 +29,60 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def measure(preset: str, position: str, steps: int, device: str, precision: str, max_tokens: int,
             compile_model: bool) -> dict:
-    import torch
-    import yaml
+    """Median step time of the model alone, then the trainer's own updates over its own batch stream."""
+    import tempfile
 
-    from nmt.config import ModelConfig
-    from nmt.data.batching import epoch_batches
-    from nmt.data.shards import Shard
-    from nmt.model import Transformer
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from nmt.config import Precision
-    from nmt.train import autocast, autocast_dtype, retain_freed_memory, smoothed_loss
+    from nmt.data.batching import Prefetcher
+    from nmt.experiment import compose_job
+    from nmt.train import Trainer, setup_env
 
-    torch.manual_seed(0)
-    fields = yaml.safe_load(open(ROOT / "configs/model" / f"{preset}.yaml"))
-    shard = Shard(ROOT / "prepared/multi30k_en_de", "train", 8000)
-    dev = torch.device(device)
-    if dev.type == "cpu":
-        retain_freed_memory()  # as the trainer does
-    model = Transformer(ModelConfig(**{**fields, "position": position}), 8000).to(dev)
-    net = torch.compile(model, dynamic=True) if compile_model else model
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    dtype = autocast_dtype(Precision(precision), dev)
-    batches = [b.to(dev) for _, b in zip(range(steps + 3), (b for _, b in epoch_batches(shard, max_tokens, 1, 0)))]
-    with FlopCounterMode(display=False) as counter, autocast(dev, dtype):
-        smoothed_loss(model(batches[0].src, batches[0].tgt_in), batches[0].tgt_out, 0.1)[0].backward()
-    model.zero_grad(set_to_none=True)
+    job, _ = compose_job([f"model={preset}", "data=multi30k_en_de", f"model.position={position}",
+                          f"train.device={device}", f"train.precision={precision}", f"train.max_tokens={max_tokens}",
+                          "train.update_freq=1", f"train.compile={str(compile_model).lower()}", "train.seed=0",
+                          f"train.max_steps={10 * steps}", f"train.output_dir={tempfile.mkdtemp()}"])
+    trainer = Trainer(job, setup_env(job.train))  # CPU: the trainer's threads and heap settings too
+    dev = trainer.env.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    stream = Prefetcher(trainer.micro_batches(), depth=2, pin_memory=dev.type == "cuda")
+
+    # (1) the isolated step: batches already on the device, no data, no bookkeeping
+    batches = [trainer.next_micro_batches(stream)[0].to(dev) for _ in range(steps + 3)]
+    with FlopCounterMode(display=False) as counter:
+        trainer.forward_loss(trainer.model, batches[0])[0].backward()
+    trainer.optimizer.zero_grad(set_to_none=True)
     times, tokens = [], 0
     for i, batch in enumerate(batches):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
-        with autocast(dev, dtype):
-            logits = net(batch.src, batch.tgt_in)
-        loss, _ = smoothed_loss(logits, batch.tgt_out, 0.1)
+        loss, _ = trainer.forward_loss(trainer.train_model, batch)
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        sync()
         if i >= 3:  # warm-up (and, compiled, the compilation)
             times.append(time.perf_counter() - start)
             tokens += batch.target_tokens
+    step = statistics.median(times)
     peak = (torch.cuda.max_memory_allocated() / 2**20 if dev.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    step = statistics.median(times)
+
+    # (2) the trainer's update over its prefetched stream: what a run pays per update, host syncs included
+    for _ in range(3):
+        trainer.update(trainer.next_micro_batches(stream), False)
+    sync()
+    start, trainer_tokens = time.perf_counter(), 0
+    for _ in range(steps):
+        trainer_tokens += trainer.update(trainer.next_micro_batches(stream), False).tokens
+    sync()
+    trainer_seconds = time.perf_counter() - start
+    stream.close()
+    flops = counter.get_total_flops() / 1e12
     return {"step_s": step, "target_tokens_per_s": tokens / sum(times), "peak_mib": peak,
-            "tflops_per_step": counter.get_total_flops() / 1e12, "tflop_s": counter.get_total_flops() / 1e12 / step}
+            "tflops_per_step": flops, "tflop_s": flops / step,
+            "trainer_update_s": trainer_seconds / steps, "trainer_tokens_per_s": trainer_tokens / trainer_seconds}
 
 
 def main() -> None:
@@ -95,7 +105,7 @@ def main() -> None:
     report = {"args": vars(args), "rows": []}
     print(f"{args.device} {args.precision}{' compiled' if args.compile else ''}, {args.steps} steps x "
           f"{args.rounds} rounds, max_tokens {args.max_tokens}")
-    print("preset  position   step s   target tok/s   peak MiB   TFLOP/s    MFU")
+    print("preset  position   step s   target tok/s   peak MiB   TFLOP/s    MFU   trainer tok/s  trainer/step")
     for preset in args.presets:
         runs = {"relative": [], "absolute": []}
         for _ in range(args.rounds):
@@ -112,7 +122,8 @@ def main() -> None:
             if args.peak_tflops:
                 s["mfu"] = s["tflop_s"] / args.peak_tflops
             print(f"{preset:6s}  {position:9s} {s['step_s']:7.3f} {s['target_tokens_per_s']:13.0f} "
-                  f"{s['peak_mib']:10.0f} {s['tflop_s']:9.2f} {s.get('mfu', float('nan')):6.1%}")
+                  f"{s['peak_mib']:10.0f} {s['tflop_s']:9.2f} {s.get('mfu', float('nan')):6.1%} "
+                  f"{s['trainer_tokens_per_s']:14.0f} {s['trainer_tokens_per_s'] / s['target_tokens_per_s']:12.3f}")
         ratio = summary["relative"]["step_s"] / summary["absolute"]["step_s"]
         memory = summary["relative"]["peak_mib"] / summary["absolute"]["peak_mib"]
         print(f"{preset:6s}  relative/absolute: time {ratio:.3f}, peak memory {memory:.3f}")

@@ -10,7 +10,7 @@ import pytest
 from nmt.data import readers
 from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
 from nmt.data.pipeline import drop_reason, prepare
-from nmt.data.shards import Shard
+from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.model import BOS, EOS, PAD
 from tests.conftest import ROOT, local_config, multi30k_lines
@@ -29,7 +29,7 @@ def test_prepare_filters_train_keeps_valid_test_and_round_trips(corpus):
     out = prepare(cfg)
     manifest = json.loads((out / "manifest.json").read_text())
     vocab = Vocab(out / "spm.model")
-    train = Shard(out, "train", len(vocab))
+    train = EncodedSplit(out, "train", len(vocab))
     stats = manifest["stats"]["train"]
     assert stats["dropped_empty"] == 2 and stats["dropped_too_long"] == 1 and stats["dropped_ratio"] >= 1
     assert stats["kept"] == len(train) == 1500 - sum(v for k, v in stats.items() if k.startswith("dropped"))
@@ -43,7 +43,7 @@ def test_prepare_filters_train_keeps_valid_test_and_round_trips(corpus):
         assert train[i][0].tolist() == expected[i][0] and train[i][1].tolist() == expected[i][1]
     # valid and test: every line, in order, CRLF and BOM removed
     for split, n in (("valid", 20), ("test", 15)):
-        assert len(Shard(out, split, len(vocab))) == n
+        assert len(EncodedSplit(out, split, len(vocab))) == n
         raw = (out / f"{split}.en").read_text(encoding="utf-8").split("\n")[:-1]
         assert len(raw) == n
     assert (out / "valid.en").read_text().split("\n")[3] == ""
@@ -51,7 +51,7 @@ def test_prepare_filters_train_keeps_valid_test_and_round_trips(corpus):
     assert test_en[0] == multi30k_lines("test_2016_flickr", "en", 1)[0]
     assert not any("\r" in line or "\ufeff" in line for line in test_en)
     # round trip on real text: ids decode back to the (NFKC-normalized) sentence
-    test = Shard(out, "test", len(vocab))
+    test = EncodedSplit(out, "test", len(vocab))
     for i, line in enumerate(multi30k_lines("test_2016_flickr", "de", 15)):
         assert vocab.decode(test[i][1].tolist()) == " ".join(unicodedata.normalize("NFKC", line).split())
 
@@ -65,7 +65,7 @@ def test_source_word_cap_drops_long_training_pairs_only(corpus):
     out = prepare(local_config(corpus, max_src_words=8))
     stats = json.loads((out / "manifest.json").read_text())["stats"]
     vocab = Vocab(out / "spm.model")
-    train = Shard(out, "train", len(vocab))
+    train = EncodedSplit(out, "train", len(vocab))
     assert stats["train"]["dropped_src_words"] > 100
     assert all(len(vocab.decode(train[i][0].tolist()).split()) <= 8 for i in range(len(train)))
     assert stats["test"]["kept"] == 15 and stats["valid"]["kept"] == 20  # evaluation keeps long sentences
@@ -93,7 +93,7 @@ def test_manifest_reuses_and_detects_changed_input(corpus):
     prepare(cfg)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["key"]["inputs"]["train"][str(corpus / "train.de")] == readers.file_digest(corpus / "train.de")
-    assert Vocab(out / "spm.model").decode(Shard(out, "train", 600)[0][1].tolist()) == "Etwas ganz anderes."
+    assert Vocab(out / "spm.model").decode(EncodedSplit(out, "train", 600)[0][1].tolist()) == "Etwas ganz anderes."
     prepare(local_config(corpus, max_len=50))  # a changed setting rebuilds too
     assert json.loads((out / "manifest.json").read_text())["key"]["filters"]["max_len"] == 50
 
@@ -186,7 +186,7 @@ def test_too_long_pair_for_budget_is_an_error():
 
 def test_resume_at_position_gives_the_same_batches(corpus):
     out = prepare(local_config(corpus))
-    shard = Shard(out, "train", 600)
+    shard = EncodedSplit(out, "train", 600)
     full = list(epoch_batches(shard, 512, seed=5, epoch=1, rank=1, world_size=2))
     resumed = list(epoch_batches(shard, 512, seed=5, epoch=1, rank=1, world_size=2, start=4))
     assert [p for p, _ in resumed] == [p for p, _ in full][4:]
@@ -196,7 +196,7 @@ def test_resume_at_position_gives_the_same_batches(corpus):
 
 def test_collate_adds_bos_eos_and_pads_right(corpus):
     out = prepare(local_config(corpus))
-    shard = Shard(out, "train", 600)
+    shard = EncodedSplit(out, "train", 600)
     batch = collate(shard, np.array([0, 1]))
     for row, i in enumerate((0, 1)):
         src, tgt = shard[i]
@@ -237,7 +237,7 @@ def test_prefetcher_yields_in_order_and_raises_where_the_iterator_did():
 
 def test_vectorized_collation_equals_a_per_sentence_loop(corpus):
     out = prepare(local_config(corpus))
-    shard = Shard(out, "train", len(Vocab(out / "spm.model")))
+    shard = EncodedSplit(out, "train", len(Vocab(out / "spm.model")))
     indices = np.array([5, 0, 17, 3, 400, 2])
     batch = collate(shard, indices)
     pairs = [shard[int(i)] for i in indices]

@@ -94,12 +94,13 @@ def test_backward_matches_the_cpu_path(case, shared, terms):
     pad[1, nk - 2 :] = True
     weight = torch.linspace(-1, 1, q.numel(), dtype=q.dtype).view_as(q)  # every output element counts differently
     results = []
-    for device in ("cpu", DEVICE):
+    for which in ("cpu path", "kernel"):
+        device = DEVICE if which == "kernel" else "cpu"
         leaves = [None if t is None else t.detach().to(device, DTYPE).requires_grad_(True) for t in (q, k, v, rk, rv)]
-        if device == DEVICE:
+        if which == "kernel":
             out = fused(*leaves, clip, pad.to(device), causal, q_offset)
         else:
-            out = run(*leaves, clip, key_padding_mask=pad, causal=causal, q_offset=q_offset)
+            out = relation_aware_attention(*leaves, clip, key_padding_mask=pad, causal=causal, q_offset=q_offset)
         (out * weight.to(device, DTYPE)).sum().backward()
         results.append([out.detach().cpu()] + [None if t is None else t.grad.cpu() for t in leaves])
     for want, got in zip(*results):

@@ -15,7 +15,7 @@ from nmt.checkpoint import (CheckpointError, LAST, average_checkpoints, latest_u
 from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
-from nmt.data.shards import Shard
+from nmt.data.shards import EncodedSplit
 from nmt.train import inverse_sqrt_lr, run, smoothed_loss
 from tests.conftest import ROOT
 
@@ -212,7 +212,7 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**MICRO_MODEL, dropout=0.0), 600)
     compiled = torch.compile(model, dynamic=True)
-    shard = Shard(prepared_dir(prepared), "train", 600)
+    shard = EncodedSplit(prepared_dir(prepared), "train", 600)
     for indices in ([0, 1, 2], [5, 9], [100, 3, 44, 71, 12], [7]):  # four different (B, N) shapes
         batch = collate(shard, np.array(indices))
         for net in (compiled, model):
@@ -234,7 +234,7 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
 
 def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_path):
     """torchrun --nproc_per_node=2 (gloo) takes the same updates as 1 process with update_freq=2."""
-    shard = Shard(prepared_dir(prepared), "train", 600)
+    shard = EncodedSplit(prepared_dir(prepared), "train", 600)
     lengths = (shard.src_lengths + 1, shard.tgt_lengths + 1)
     budget = next(m for m in range(600, 700, 10) if len(make_batches(*lengths, m, 3, 0, 1)) % 2 == 0)
     overrides = [

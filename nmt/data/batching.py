@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nmt.data.shards import Shard
-from nmt.model import BOS, EOS, PAD
+from nmt.data.shards import EncodedSplit
+from nmt.data.vocab import BOS, EOS, PAD
 
 
 def make_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int,
@@ -100,7 +100,7 @@ def pad_rows(rows: list[np.ndarray], prefix: int | None = None, suffix: int | No
     return torch.from_numpy(gather_padded(flat, offsets, np.arange(len(rows)), prefix, suffix))
 
 
-def collate(shard: Shard, indices: np.ndarray) -> Batch:
+def collate(shard: EncodedSplit, indices: np.ndarray) -> Batch:
     indices = np.asarray(indices, dtype=np.int64)
     tgt_in = gather_padded(shard.tgt, shard.tgt_offsets, indices, prefix=BOS)
     tgt_out = gather_padded(shard.tgt, shard.tgt_offsets, indices, suffix=EOS)
@@ -109,7 +109,7 @@ def collate(shard: Shard, indices: np.ndarray) -> Batch:
                  torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), target_tokens)
 
 
-def epoch_batches(shard: Shard, max_tokens: int, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
+def epoch_batches(shard: EncodedSplit, max_tokens: int, seed: int, epoch: int, rank: int = 0, world_size: int = 1,
                   start: int = 0):
     """(position, Batch) for this rank's batches of one epoch, from position `start` (resume)."""
     batches = make_batches(shard.src_lengths + 1, shard.tgt_lengths + 1, max_tokens, seed, epoch, world_size)

@@ -40,7 +40,7 @@ class ShardWriter:
         return len(lengths)
 
 
-class Shard:
+class EncodedSplit:
     """Read side of one split: sentence i -> (source ids, target ids) as numpy views."""
 
     def __init__(self, directory: str | Path, split: str, vocab_size: int):

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from nmt.model import BOS, EOS, PAD, UNK
-
 log = logging.getLogger(__name__)
+
+# Special token ids, fixed in every vocabulary (SentencePiece is trained with them), shared by data and model.
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
 def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:

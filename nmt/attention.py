@@ -72,14 +72,16 @@ def relation_aware_attention(
             raise ValueError(f"{name} has {table.shape[-2]} edge vectors, clip={clip} needs {2 * clip + 1}")
     nq, nk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     relative = rel_k is not None or rel_v is not None
-    # Only edge vectors for distances that occur here are touched: with k >= N (e.g. the
-    # paper's k=256) the work stays O(N) vectors, not O(k).
-    lo = min(clip, max(-clip, -(q_offset + nq - 1))) + clip
-    hi = min(clip, max(-clip, nk - 1 - q_offset)) + clip
-    if torch.compiler.is_compiling():
-        # Under torch.compile with dynamic shapes the symbolic min/max of lengths has no valid range
-        # (InductorError: ValueRangeError): the whole table is used, a no-op unless k >= N.
-        lo, hi = 0, 2 * clip
+    lo = hi = 0
+    if relative:
+        # Only edge vectors for distances that occur here are touched: with k >= N (e.g. the
+        # paper's k=256) the work stays O(N) vectors, not O(k).
+        lo = min(clip, max(-clip, -(q_offset + nq - 1))) + clip
+        hi = min(clip, max(-clip, nk - 1 - q_offset)) + clip
+        if torch.compiler.is_compiling():
+            # Under torch.compile with dynamic shapes the symbolic min/max of lengths has no valid range
+            # (InductorError: ValueRangeError): the whole table is used, a no-op unless k >= N.
+            lo, hi = 0, 2 * clip
     if relative and q.is_cuda and _fused_kernel_usable(q, hi - lo + 1):
         from nmt.kernels.relative_attention import relative_attention
 

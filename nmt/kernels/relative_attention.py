@@ -53,10 +53,11 @@ def _bucket_sums(w, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale,
-            HAS_RK: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_R: tl.constexpr):
+            HAS_RK: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_R: tl.constexpr,
+            PREC: tl.constexpr):
     """Eq. 4 for one (query block, key block): scaled scores, -inf where a key is not visible."""
     dist = cols[None, :] - qpos[:, None]  # j - i
-    s = tl.dot(q, tl.trans(k))
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_RK:
         s += tl.gather(q_edge, _buckets(dist, CLIP, LO, BLOCK_R), 1)
     visible = cols[None, :] < NK
@@ -79,7 +80,8 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
              H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
              HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
              DROPOUT: tl.constexpr, ACC: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+             PREC: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
     b, h = bh // H, bh % H
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -90,7 +92,8 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
     table_mask = (rcol[:, None] < R) & (dcol[None, :] < D)
     q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     if HAS_RK:
-        q_edge = tl.dot(q, tl.trans(tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)))
+        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
+        q_edge = tl.dot(q, tl.trans(rk), input_precision=PREC)
 
     m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
     l_i = tl.zeros((BLOCK_M,), ACC)
@@ -103,7 +106,7 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
         cols = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
-        s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R)
+        s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         p = tl.exp(s - m_safe[:, None])
@@ -112,7 +115,7 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
         if DROPOUT:
             p = tl.where(_keep(SEED, bh, rows, cols, NQ, NK, dropout_p), p / (1.0 - dropout_p), 0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         if HAS_RV:
             mass = mass * alpha[:, None] + _bucket_sums(p, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
         m_i = m_new
@@ -124,7 +127,7 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
     if HAS_RV:
         mass = mass * inv[:, None]
         rv = tl.load(RV + h * s_rvh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
-        out += tl.dot(mass.to(rv.dtype), rv)  # Eq. 3's sum_j alpha_ij a^V_ij, through the bucket masses
+        out += tl.dot(mass.to(rv.dtype), rv, input_precision=PREC)  # Eq. 3's sum_j alpha_ij a^V_ij
         tl.store(MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], mass,
                  mask=row_mask[:, None] & (rcol[None, :] < R))
     tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_on + dcol[None, :], out.to(OUT.dtype.element_ty),
@@ -136,11 +139,11 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
 def _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
                      NQ, NK, CLIP, LO, scale, dropout_p,
                      HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
-                     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr):
+                     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
     """Recomputed probabilities (as used: after dropout) and score gradients of one (query, key) block."""
-    s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R)
+    s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
     p = tl.exp(s - lse[:, None])  # lse = +inf on rows with nothing visible: p = 0
-    dp = tl.dot(do, tl.trans(v))  # d alpha_ij = dO_i . (v_j + a^V_ij)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)  # d alpha_ij = dO_i . (v_j + a^V_ij)
     if HAS_RV:
         dp += tl.gather(do_edge, _buckets(dist, CLIP, LO, BLOCK_R), 1)
     used = p
@@ -156,7 +159,7 @@ def _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh,
 def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
                      sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
                      HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, ACC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr):
+                     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
     mask = (rows[:, None] < NQ) & (dcol[None, :] < D)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :], mask=mask, other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dcol[None, :], mask=mask, other=0.0)
@@ -164,9 +167,11 @@ def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
     q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     do_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     if HAS_RK:
-        q_edge = tl.dot(q, tl.trans(tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)))
+        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
+        q_edge = tl.dot(q, tl.trans(rk), input_precision=PREC)
     if HAS_RV:
-        do_edge = tl.dot(do, tl.trans(tl.load(RV + h * s_rvh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)))
+        rv = tl.load(RV + h * s_rvh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
+        do_edge = tl.dot(do, tl.trans(rv), input_precision=PREC)
     lse = tl.load(LSE + bh * NQ + rows, mask=rows < NQ, other=float("inf"))
     delta = tl.load(DELTA + bh * NQ + rows, mask=rows < NQ, other=0.0)
     return q, do, q_edge, do_edge, lse, delta
@@ -178,7 +183,8 @@ def _backward_kv(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
                  H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
                  HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
                  DROPOUT: tl.constexpr, ACC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+             PREC: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
     b, h = bh // H, bh % H
     start_n = tl.program_id(0) * BLOCK_N
@@ -196,12 +202,12 @@ def _backward_kv(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
         rows = start_m + tl.arange(0, BLOCK_M)
         q, do, q_edge, do_edge, lse, delta = _load_query_side(
             Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol, sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
-            HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R)
+            HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R, PREC)
         used, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols,
                                           rows + Q_OFFSET, NQ, NK, CLIP, LO, scale, dropout_p,
-                                          HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R)
-        dv += tl.dot(tl.trans(used.to(do.dtype)), do)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+                                          HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)
+        dv += tl.dot(tl.trans(used.to(do.dtype)), do, input_precision=PREC)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     tl.store(DK + (bh * NK + cols[:, None]) * D + dcol[None, :], (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + (bh * NK + cols[:, None]) * D + dcol[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
@@ -212,7 +218,8 @@ def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS,
                 H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
                 HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
                 DROPOUT: tl.constexpr, ACC: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+             PREC: tl.constexpr):
     bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
     b, h = bh // H, bh % H
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -220,7 +227,7 @@ def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS,
     dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     q, do, q_edge, do_edge, lse, delta = _load_query_side(
         Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol, sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
-        HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R)
+        HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R, PREC)
     dq = tl.zeros((BLOCK_M, BLOCK_D), ACC)
     ds_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     end = NK
@@ -233,15 +240,17 @@ def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS,
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
         _, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
                                        NQ, NK, CLIP, LO, scale, dropout_p,
-                                       HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R)
-        dq += tl.dot(ds.to(k.dtype), k)
+                                       HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
         if HAS_RK:
             ds_mass += _bucket_sums(ds, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
     row_mask = rows < NQ
     if HAS_RK:  # d q_i gets sum_j ds_ij a^K_ij = (bucket sums of ds) @ w^K
-        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=(rcol[:, None] < R) & (dcol[None, :] < D), other=0.0)
-        dq += tl.dot(ds_mass.to(rk.dtype), rk)
-        tl.store(DS_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], ds_mass, mask=row_mask[:, None] & (rcol[None, :] < R))
+        bucket_mask = rcol[None, :] < R
+        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=(rcol[:, None] < R) & (dcol[None, :] < D),
+                     other=0.0)
+        dq += tl.dot(ds_mass.to(rk.dtype), rk, input_precision=PREC)
+        tl.store(DS_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], ds_mass, mask=row_mask[:, None] & bucket_mask)
     tl.store(DQ + (bh * NQ + rows[:, None]) * D + dcol[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=row_mask[:, None] & (dcol[None, :] < D))
 
@@ -253,6 +262,7 @@ def _meta(q: Tensor, rel_k, rel_v, key_padding_mask, dropout_p, causal, block_m,
         CAUSAL=causal, DROPOUT=dropout_p > 0.0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
         BLOCK_R=max(16, triton.next_power_of_2(r)),
+        PREC="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",  # tf32: ignored for bf16/fp16
     )
 
 
@@ -290,7 +300,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_
     lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
     mass = torch.zeros(b, h, nq, r if rv is not None else 0, dtype=lse.dtype, device=q.device)
     _forward[(triton.cdiv(nq, block_m), b * h)](
-        q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse, mass,
+        q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse, mass if rv is not None else None,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], s_rkh, s_rvh, *out.stride()[:3],
         h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p, **meta)
     return out, lse, mass
@@ -327,7 +337,8 @@ def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optio
     _backward_kv[(triton.cdiv(nk, block_n), b * h)](
         q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_k, grad_v, *strides, *shape, **meta)
     _backward_q[(triton.cdiv(nq, block_m), b * h)](
-        q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_q, ds_mass, *strides, *shape, **meta)
+        q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_q, ds_mass if rk is not None else None,
+        *strides, *shape, **meta)
     return grad_q, grad_k, grad_v, ds_mass
 
 

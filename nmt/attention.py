@@ -82,7 +82,8 @@ def relation_aware_attention(
             # Under torch.compile with dynamic shapes the symbolic min/max of lengths has no valid range
             # (InductorError: ValueRangeError): the whole table is used, a no-op unless k >= N.
             lo, hi = 0, 2 * clip
-    if relative and q.is_cuda and _fused_kernel_usable(q, hi - lo + 1):
+    backend = _backend(q, hi - lo + 1) if relative else "torch"
+    if backend != "torch":
         from nmt.kernels.relative_attention import relative_attention
 
         window = [None if t is None else t[..., lo : hi + 1, :] for t in (rel_k, rel_v)]
@@ -91,6 +92,8 @@ def relation_aware_attention(
         except torch.OutOfMemoryError:
             raise
         except Exception as err:  # a Triton build this GPU cannot run: say so once, then use the PyTorch path
+            if backend == "triton":  # asked for by name: no fallback
+                raise
             _FUSED["failed"] = f"{type(err).__name__}: {err}"
             warnings.warn(f"fused relative attention failed ({_FUSED['failed']}); using the PyTorch path. "
                           "Set RELNMT_ATTENTION=torch to skip it.", stacklevel=2)
@@ -114,21 +117,29 @@ def relation_aware_attention(
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
 
 
-# RELNMT_ATTENTION=torch keeps CUDA on the PyTorch path (benchmarks compare the two; an escape hatch).
+# RELNMT_ATTENTION chooses the relative-attention backend: auto (default: the Triton kernel on CUDA where
+# Triton is installed and the shapes fit, else PyTorch), torch (the PyTorch path everywhere: benchmarks
+# compare the two; an escape hatch), triton (the kernel on any device, no fallback: on a CPU it needs
+# TRITON_INTERPRET=1, which is how the tests run whole models through it).
 _FUSED: dict = {"failed": None}
 
 
-def _fused_kernel_usable(q: Tensor, num_buckets: int) -> bool:
-    """The Triton kernel runs where Triton is installed, the shapes fit it, and it has not failed here."""
-    if os.environ.get("RELNMT_ATTENTION", "auto") == "torch" or _FUSED["failed"]:
-        return False
+def _backend(q: Tensor, num_buckets: int) -> str:
+    """"triton", "auto-triton" (the kernel, falling back to PyTorch if it fails to run) or "torch"."""
+    mode = os.environ.get("RELNMT_ATTENTION", "auto")
+    if mode not in ("auto", "torch", "triton"):
+        raise ValueError(f"RELNMT_ATTENTION={mode!r} is invalid: it must be auto, torch or triton")
+    if mode == "triton":
+        return "triton"
+    if mode == "torch" or not q.is_cuda or _FUSED["failed"]:
+        return "torch"
     if "available" not in _FUSED:
         _FUSED["available"] = importlib.util.find_spec("triton") is not None
     if not _FUSED["available"]:
-        return False
+        return "torch"
     from nmt.kernels.relative_attention import supports
 
-    return supports(q, num_buckets)
+    return "auto-triton" if supports(q, num_buckets) else "torch"
 
 
 def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale) -> Tensor:

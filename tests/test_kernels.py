@@ -151,9 +151,51 @@ def test_custom_op_is_traceable_without_graph_breaks():
     torch.testing.assert_close(grads, torch.autograd.grad(want.sum(), (q, rk, rv)), **TOL)
 
 
-def test_only_cuda_tensors_take_the_kernel(monkeypatch):
+def test_only_cuda_tensors_take_the_kernel_by_default(monkeypatch):
     calls = []
     monkeypatch.setattr(kernel, "relative_attention", lambda *a, **kw: calls.append(a))
     q, k, v, rk, rv = inputs()
     relation_aware_attention(q, k, v, rk, rv, 2)
     assert calls == []  # the CPU path stays as it is
+    monkeypatch.setenv("RELNMT_ATTENTION", "triton")
+    relation_aware_attention(q, k, v, rk, rv, 2)
+    assert len(calls) == 1
+    monkeypatch.setenv("RELNMT_ATTENTION", "fast")
+    with pytest.raises(ValueError, match="RELNMT_ATTENTION='fast' is invalid"):
+        relation_aware_attention(q, k, v, rk, rv, 2)
+
+
+def micro_model(share_heads):
+    from nmt.config import ModelConfig
+    from nmt.model import Transformer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=2, ffn_dim=64, clip=3, dropout=0.0,
+                      share_heads=share_heads)
+    return Transformer(cfg, 40).to(DEVICE, DTYPE)
+
+
+@pytest.mark.parametrize("share_heads", [False, True])
+def test_whole_model_through_the_kernel(share_heads, monkeypatch):
+    """A Transformer's loss and gradients are the same through the kernel as through the CPU path, and its
+    incremental decoding (one query at an offset, against the cache) equals teacher forcing."""
+    from nmt.model import BOS, PAD
+    from tests.test_model import incremental_logits
+
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 40, (2, 7), generator=g)
+    src[1, 5:] = PAD
+    tgt = torch.cat([torch.full((2, 1), BOS), torch.randint(4, 40, (2, 6), generator=g)], 1)
+    src, tgt = src.to(DEVICE), tgt.to(DEVICE)
+    results = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv("RELNMT_ATTENTION", backend)
+        model = micro_model(share_heads)
+        logits = model(src, tgt)
+        logits.logsumexp(-1).sum().backward()
+        results[backend] = [logits.detach()] + [p.grad for p in model.parameters()]
+        if backend == "triton":
+            with torch.no_grad():
+                torch.testing.assert_close(incremental_logits(model.eval(), src, tgt), logits.detach(), **TOL)
+    for got, want in zip(results["triton"], results["torch"]):
+        torch.testing.assert_close(got, want, **TOL)

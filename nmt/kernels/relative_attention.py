@@ -329,7 +329,8 @@ def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optio
     r = (rk if rk is not None else rv).shape[-2]
     q, k, v, grad_out = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, grad_out))
     delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1).contiguous()  # dO_i . out_i
-    grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # written in (B, H, N, D) order whatever the inputs' strides (heads are usually a transposed view)
+    grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     ds_mass = torch.zeros(b, h, nq, r if rk is not None else 0, dtype=lse.dtype, device=q.device)
     kpm = _key_padding(key_padding_mask)
     shape = (h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p)

@@ -39,15 +39,25 @@ def _buckets(dist, CLIP, LO, BLOCK_R: tl.constexpr):
 
 @triton.jit
 def _bucket_sums(w, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N: tl.constexpr):
-    """(M, N) weights of one key block summed into (M, R) distance buckets, without a scatter."""
+    """(M, N) weights of one key block summed into (M, R) distance buckets, without a scatter.
+
+    A block wholly left (right) of every row's window only adds its row sums to the first (last) bucket;
+    only blocks within k of the diagonal need per-distance sums."""
     r_abs = (rcol + LO)[None, :]
-    key = qpos[:, None] + r_abs - CLIP - start_n  # the one key of an interior bucket, as a block column
-    interior = (key >= 0) & (key < BLOCK_N) & (r_abs > 0) & (r_abs < 2 * CLIP)
-    sums = tl.where(interior, tl.gather(w, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0)
-    left = tl.sum(tl.where(dist <= -CLIP, w, 0.0), 1)
-    right = tl.sum(tl.where((dist >= CLIP) & (dist > -CLIP), w, 0.0), 1)  # k = 0: one bucket, counted once
-    sums += tl.where(r_abs == 0, left[:, None], 0.0)
-    sums += tl.where(r_abs == 2 * CLIP, right[:, None], 0.0)
+    largest = start_n + BLOCK_N - 1 - tl.min(qpos, 0)  # the block's largest and smallest j - i
+    smallest = start_n - tl.max(qpos, 0)
+    if largest <= -CLIP:
+        sums = tl.where(r_abs == 0, tl.sum(w, 1)[:, None], 0.0)
+    elif (smallest >= CLIP) & (smallest > -CLIP):
+        sums = tl.where(r_abs == 2 * CLIP, tl.sum(w, 1)[:, None], 0.0)
+    else:
+        key = qpos[:, None] + r_abs - CLIP - start_n  # the one key of an interior bucket, as a block column
+        interior = (key >= 0) & (key < BLOCK_N) & (r_abs > 0) & (r_abs < 2 * CLIP)
+        sums = tl.where(interior, tl.gather(w, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0)
+        left = tl.sum(tl.where(dist <= -CLIP, w, 0.0), 1)
+        right = tl.sum(tl.where((dist >= CLIP) & (dist > -CLIP), w, 0.0), 1)  # k = 0: one bucket, counted once
+        sums += tl.where(r_abs == 0, left[:, None], 0.0)
+        sums += tl.where(r_abs == 2 * CLIP, right[:, None], 0.0)
     return sums
 
 

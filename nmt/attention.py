@@ -122,6 +122,7 @@ def relation_aware_attention(
 # compare the two; an escape hatch), triton (the kernel on any device, no fallback: on a CPU it needs
 # TRITON_INTERPRET=1, which is how the tests run whole models through it).
 _FUSED: dict = {"failed": None}
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (slow)
 
 
 def _backend(q: Tensor, num_buckets: int) -> str:
@@ -133,9 +134,7 @@ def _backend(q: Tensor, num_buckets: int) -> str:
         return "triton"
     if mode == "torch" or not q.is_cuda or _FUSED["failed"]:
         return "torch"
-    if "available" not in _FUSED:
-        _FUSED["available"] = importlib.util.find_spec("triton") is not None
-    if not _FUSED["available"]:
+    if not _TRITON_INSTALLED:
         return "torch"
     from nmt.kernels.relative_attention import supports
 

@@ -135,14 +135,16 @@ def test_dropout_matches_a_reference_with_the_kernels_mask():
         torch.testing.assert_close(got.to(want.dtype), want, **TOL)
 
 
-def test_custom_op_is_traceable_without_graph_breaks():
-    """torch.compile sees one opaque op with a fake (shape) implementation and a registered backward."""
+def test_custom_op_is_traceable_without_graph_breaks(monkeypatch):
+    """torch.compile sees one opaque op with a fake (shape) implementation and a registered backward; the
+    dispatch in nmt.attention traces too."""
+    monkeypatch.setenv("RELNMT_ATTENTION", "triton")
     q, k, v, rk, rv = (t.requires_grad_(True) for t in on_device(*inputs(nq=6, nk=6, clip=2)))
     pad = torch.zeros(2, 6, dtype=torch.bool, device=DEVICE)
     pad[1, 4:] = True
 
     def layer(q, k, v, rk, rv):
-        return fused(q, k, v, rk, rv, 2, pad, causal=True)
+        return relation_aware_attention(q, k, v, rk, rv, 2, key_padding_mask=pad, causal=True)
 
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     got, want = compiled(q, k, v, rk, rv), layer(q, k, v, rk, rv)

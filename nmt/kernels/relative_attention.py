@@ -312,7 +312,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_
     rv, s_rvh = _table(rel_v, q.dtype)
     r = (rk if rk is not None else rv).shape[-2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out = torch.empty(b, h, nq, d, dtype=q.dtype, device=q.device)
+    # (B, N, H, D) in memory: the layer's merge of the heads is then a view, and one copy less is kept for backward
+    out = torch.empty(b, nq, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
     _forward[(triton.cdiv(nq, block_m), b * h)](
         q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse,
@@ -324,7 +325,8 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_
 @_attention_op.register_fake
 def _(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p):
     b, h, nq, _ = q.shape
-    return q.new_empty(q.shape), q.new_empty((b, h, nq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
+    out = q.new_empty((b, nq, h, q.shape[-1])).transpose(1, 2)
+    return out, q.new_empty((b, h, nq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
 
 
 @torch.library.custom_op("relnmt::relative_attention_backward", mutates_args=())

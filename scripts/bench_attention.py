@@ -11,6 +11,7 @@
 
     pip install --no-deps opennmt-py==3.5.1   # optional reference; skipped when missing
     python scripts/bench_attention.py [--repeats 20] [--threads 2] [--device cpu] [--dtype float32]
+    TRITON_INTERPRET=1 python scripts/bench_attention.py --memory-only --output results/attention_memory.json
 """
 
 from __future__ import annotations
@@ -145,6 +146,30 @@ def model_steps(preset: str, device, dtype):
     return steps
 
 
+def memory_only(device, dtype, output: str) -> None:
+    """Bytes kept for backward by one layer: the Triton kernel (O(N)), the PyTorch path (keeps the (N, N)
+    probabilities), SDPA. Counted, not timed, so it may run beside other work and in the interpreter."""
+    rows = []
+    print(f"kept for backward, MB: one layer, d_model {D_MODEL}, {HEADS} heads, k={CLIP}, {TOKENS} tokens/batch")
+    print("   n  kernel  torch path    sdpa  kernel/sdpa  torch path/sdpa")
+    for n in (48, 96, 192):
+        steps = layer_steps(n, device, dtype, None)
+        mem = {}
+        for name, backend in (("kernel", "triton"), ("torch_path", "torch")):
+            os.environ["RELNMT_ATTENTION"] = backend
+            try:
+                mem[name] = saved_bytes(steps["ours_relative"]) / 2**20
+            finally:
+                os.environ.pop("RELNMT_ATTENTION")
+        mem["sdpa"] = saved_bytes(steps["sdpa"]) / 2**20
+        rows.append({"n": n, "saved_mb": mem})
+        print(f"{n:4d} {mem['kernel']:7.1f} {mem['torch_path']:11.1f} {mem['sdpa']:7.1f} "
+              f"{mem['kernel'] / mem['sdpa']:12.3f} {mem['torch_path'] / mem['sdpa']:16.3f}", flush=True)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(json.dumps({"device": str(device), "dtype": str(dtype), "rows": rows}, indent=2) + "\n")
+    print(f"wrote {output}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=20)
@@ -153,9 +178,14 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--output", default="results/bench_attention.json")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="count what each layer keeps for backward, time nothing (the Triton kernel too, on a CPU "
+                             "through its interpreter: run with TRITON_INTERPRET=1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    if args.memory_only:
+        return memory_only(device, dtype, args.output)
     opennmt_cls = load_opennmt_attention()
     report = {"args": vars(args), "torch": torch.__version__, "layer": [], "model": []}
 

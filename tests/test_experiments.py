@@ -55,6 +55,12 @@ def test_sweep_skips_finished_runs_and_reuses_identical_ones(tmp_path):
     again = subprocess.run([*command, "table1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "table1/en-de.relative/seed1: done already" in again.stdout
     assert "table1/en-de.absolute/seed1: would run" in again.stdout
+    subset = subprocess.run([*command, "table3", "--rows", "value", "neither"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert [line.split(":")[0] for line in subset.stdout.splitlines()] == ["table3/value/seed1", "table3/neither/seed1"]
+    wrong = subprocess.run([*command, "table3", "--rows", "k16"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert wrong.returncode == 2 and "table3 has no row k16" in wrong.stderr
 
 
 def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_path):

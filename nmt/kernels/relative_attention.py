@@ -9,7 +9,9 @@ softmax (FlashAttention). The two relative terms ride along:
   holds exactly one key per row (j = i + r - k), so a key block's masses are a gather, not a scatter; the
   two edge buckets take the row sums of the keys beyond the window. The masses meet the table once, at the end.
 Backward recomputes the probabilities from the saved log-sum-exp (two kernels: dK/dV per key block, dQ per
-query block); the tables' gradients are small GEMMs over the saved bucket masses, outside the kernels.
+query block, which also sums the probabilities and the score gradients into buckets again); the tables'
+gradients are small GEMMs over those bucket sums, outside the kernels. Only q, k, v, the output and the
+log-sum-exp are kept for backward.
 Dropout on the probabilities draws from Philox by (batch-head, i, j), so backward redraws the same mask.
 
 Only the window of edge vectors that the lengths reach is passed in (the caller's `lo`), so the paper's
@@ -85,7 +87,7 @@ def _keep(SEED, bh, rows, cols, NQ, NK, dropout_p):
 
 
 @triton.jit
-def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
+def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
              sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, s_rkh, s_rvh, s_ob, s_oh, s_on,
              H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
              HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
@@ -138,8 +140,6 @@ def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, MASS,
         mass = mass * inv[:, None]
         rv = tl.load(RV + h * s_rvh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
         out += tl.dot(mass.to(rv.dtype), rv, input_precision=PREC)  # Eq. 3's sum_j alpha_ij a^V_ij
-        tl.store(MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], mass,
-                 mask=row_mask[:, None] & (rcol[None, :] < R))
     tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_on + dcol[None, :], out.to(OUT.dtype.element_ty),
              mask=row_mask[:, None] & (dcol[None, :] < D))
     tl.store(LSE + bh * NQ + rows, tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("inf")), mask=row_mask)
@@ -223,7 +223,7 @@ def _backward_kv(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
 
 
 @triton.jit
-def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS,
+def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P_MASS,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, s_rkh, s_rvh,
                 H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
                 HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
@@ -240,6 +240,7 @@ def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS,
         HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R, PREC)
     dq = tl.zeros((BLOCK_M, BLOCK_D), ACC)
     ds_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
+    p_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     end = NK
     if CAUSAL:
         end = tl.minimum(NK, Q_OFFSET + (tl.program_id(0) + 1) * BLOCK_M)
@@ -248,13 +249,18 @@ def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS,
         kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
-        _, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
+        used, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
                                        NQ, NK, CLIP, LO, scale, dropout_p,
                                        HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
         if HAS_RK:
             ds_mass += _bucket_sums(ds, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
+        if HAS_RV:
+            p_mass += _bucket_sums(used, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
     row_mask = rows < NQ
+    if HAS_RV:
+        tl.store(P_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], p_mass,
+                 mask=row_mask[:, None] & (rcol[None, :] < R))
     if HAS_RK:  # d q_i gets sum_j ds_ij a^K_ij = (bucket sums of ds) @ w^K
         bucket_mask = rcol[None, :] < R
         rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=(rcol[:, None] < R) & (dcol[None, :] < D),
@@ -297,7 +303,7 @@ def _blocks(q: Tensor) -> tuple[int, int]:
 @torch.library.custom_op("relnmt::relative_attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_v: Optional[Tensor],
                   key_padding_mask: Optional[Tensor], seed: Tensor, clip: int, lo: int, causal: bool,
-                  q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor, Tensor]:
+                  q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor]:
     b, h, nq, d = q.shape
     nk = k.shape[2]
     block_m, block_n = _blocks(q)
@@ -306,30 +312,29 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_
     rv, s_rvh = _table(rel_v, q.dtype)
     r = (rk if rk is not None else rv).shape[-2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out = torch.empty(b, h, nq, d, dtype=q.dtype, device=q.device)
+    # (B, N, H, D) in memory: the layer's merge of the heads is then a view, and one copy less is kept for backward
+    out = torch.empty(b, nq, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
-    mass = torch.zeros(b, h, nq, r if rv is not None else 0, dtype=lse.dtype, device=q.device)
     _forward[(triton.cdiv(nq, block_m), b * h)](
-        q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse, mass if rv is not None else None,
+        q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], s_rkh, s_rvh, *out.stride()[:3],
         h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p, **meta)
-    return out, lse, mass
+    return out, lse
 
 
 @_attention_op.register_fake
 def _(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p):
     b, h, nq, _ = q.shape
-    r = (rel_k if rel_k is not None else rel_v).shape[-2]
-    acc = torch.float32 if q.dtype != torch.float64 else q.dtype
-    return (q.new_empty(q.shape), q.new_empty((b, h, nq), dtype=acc),
-            q.new_empty((b, h, nq, r if rel_v is not None else 0), dtype=acc))
+    out = q.new_empty((b, nq, h, q.shape[-1])).transpose(1, 2)
+    return out, q.new_empty((b, h, nq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
 
 
 @torch.library.custom_op("relnmt::relative_attention_backward", mutates_args=())
 def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_v: Optional[Tensor],
                  key_padding_mask: Optional[Tensor], seed: Tensor, out: Tensor, lse: Tensor, clip: int, lo: int,
-                 causal: bool, q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dQ, dK, dV and the bucket sums of the score gradients (for the a^K table's gradient)."""
+                 causal: bool, q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dQ, dK, dV and per-row bucket sums of the score gradients and of the probabilities (for the gradients
+    of the a^K and a^V tables)."""
     b, h, nq, d = q.shape
     nk = k.shape[2]
     block_m, block_n = _blocks(q)
@@ -342,6 +347,7 @@ def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optio
     # written in (B, H, N, D) order whatever the inputs' strides (heads are usually a transposed view)
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     ds_mass = torch.zeros(b, h, nq, r if rk is not None else 0, dtype=lse.dtype, device=q.device)
+    p_mass = torch.zeros(b, h, nq, r if rv is not None else 0, dtype=lse.dtype, device=q.device)
     kpm = _key_padding(key_padding_mask)
     shape = (h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], s_rkh, s_rvh)
@@ -349,8 +355,8 @@ def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optio
         q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_k, grad_v, *strides, *shape, **meta)
     _backward_q[(triton.cdiv(nq, block_m), b * h)](
         q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_q, ds_mass if rk is not None else None,
-        *strides, *shape, **meta)
-    return grad_q, grad_k, grad_v, ds_mass
+        p_mass if rv is not None else None, *strides, *shape, **meta)
+    return grad_q, grad_k, grad_v, ds_mass, p_mass
 
 
 @_backward_op.register_fake
@@ -358,13 +364,14 @@ def _(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, clip, l
     b, h, nq, _ = q.shape
     r = (rel_k if rel_k is not None else rel_v).shape[-2]
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            q.new_empty((b, h, nq, r if rel_k is not None else 0), dtype=lse.dtype))
+            q.new_empty((b, h, nq, r if rel_k is not None else 0), dtype=lse.dtype),
+            q.new_empty((b, h, nq, r if rel_v is not None else 0), dtype=lse.dtype))
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p = inputs
-    out, lse, mass = output
-    ctx.save_for_backward(q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, mass)
+    out, lse = output  # O(N): no (N, N) tensor and no bucket masses are kept
+    ctx.save_for_backward(q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse)
     ctx.args = (clip, lo, causal, q_offset, dropout_p)
 
 
@@ -374,13 +381,13 @@ def _table_grad(weights: Tensor, x: Tensor, table: Tensor) -> Tensor:
     return (grad.sum(0) if table.dim() == 2 else grad).to(table.dtype)
 
 
-def _backward(ctx, grad_out, _grad_lse, _grad_mass):
-    q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, mass = ctx.saved_tensors
-    grad_q, grad_k, grad_v, ds_mass = _backward_op(
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse = ctx.saved_tensors
+    grad_q, grad_k, grad_v, ds_mass, p_mass = _backward_op(
         grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, *ctx.args)
     scale = 1.0 / math.sqrt(q.shape[-1])
     grad_rel_k = None if rel_k is None else _table_grad(ds_mass, q, rel_k) * scale
-    grad_rel_v = None if rel_v is None else _table_grad(mass, grad_out, rel_v)
+    grad_rel_v = None if rel_v is None else _table_grad(p_mass, grad_out, rel_v)
     return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None, None, None
 
 
@@ -398,7 +405,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
     """Eq. 3-5 like nmt.attention.relation_aware_attention, with the tables already cut to the window of
     edge vectors that occurs (rows lo..lo+R-1 of the 2k+1). At least one table must be given."""
     seed = torch.randint(0, 2**31 - 1, (1,), device=q.device)  # on the device: no host sync
-    out, _, _ = _attention_op(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p)
+    out, _ = _attention_op(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p)
     return out
 
 

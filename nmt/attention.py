@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.config import ConfigError
+
 
 def relative_buckets(nq: int, nk: int, clip: int, q_offset: int = 0, device=None) -> Tensor:
     """Index of the edge vector for each (query i, key j) pair: clip(j - i, k) + k.
@@ -129,12 +131,10 @@ def _backend(q: Tensor, num_buckets: int) -> str:
     """"triton", "auto-triton" (the kernel, falling back to PyTorch if it fails to run) or "torch"."""
     mode = os.environ.get("RELNMT_ATTENTION", "auto")
     if mode not in ("auto", "torch", "triton"):
-        raise ValueError(f"RELNMT_ATTENTION={mode!r} is invalid: it must be auto, torch or triton")
+        raise ConfigError(f"RELNMT_ATTENTION={mode!r} is invalid: it must be auto, torch or triton")
     if mode == "triton":
         return "triton"
-    if mode == "torch" or not q.is_cuda or _FUSED["failed"]:
-        return "torch"
-    if not _TRITON_INSTALLED:
+    if mode == "torch" or not q.is_cuda or not _TRITON_INSTALLED or _FUSED["failed"]:
         return "torch"
     from nmt.kernels.relative_attention import supports
 

@@ -335,8 +335,8 @@ class Trainer:
             self.writer = SummaryWriter(str(self.out / "tensorboard"))
         log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
                  env.world_size, env.device, self.amp_dtype or "fp32",
-                 ", torch.compile" if self.train_model is not self.data_parallel else "", f"{count_parameters(self.model):,}",
-                 cfg.max_tokens * cfg.update_freq * env.world_size)
+                 ", torch.compile" if self.train_model is not self.data_parallel else "",
+                 f"{count_parameters(self.model):,}", cfg.max_tokens * cfg.update_freq * env.world_size)
         stream = Prefetcher(self.micro_batches(), depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
         start = time.monotonic()
         try:

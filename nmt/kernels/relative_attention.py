@@ -17,7 +17,8 @@ Dropout on the probabilities draws from Philox by (batch-head, i, j), so backwar
 Only the window of edge vectors that the lengths reach is passed in (the caller's `lo`), so the paper's
 k = 256 costs no more than k = N. The whole thing is a torch custom op: torch.compile treats it as one
 opaque node (no graph break) and autograd calls the backward op.
-Tests run these kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
+The device code is in nmt/kernels/relative_attention_triton.py; this file is the op around it. Tests run
+the kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 import math
@@ -28,247 +29,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from nmt.kernels import relative_attention_triton as triton_code
+
 # Widest window of edge vectors (R = 2k+1, or the part of it the lengths reach) kept in registers per row.
 MAX_BUCKETS = 128
-
-
-@triton.jit
-def _buckets(dist, CLIP, LO, BLOCK_R: tl.constexpr):
-    """Window column of each pair's edge vector: clip(j - i, k) + k - lo, kept inside the register block."""
-    bucket = tl.minimum(tl.maximum(dist, -CLIP), CLIP) + CLIP - LO
-    return tl.minimum(tl.maximum(bucket, 0), BLOCK_R - 1)
-
-
-@triton.jit
-def _bucket_sums(w, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N: tl.constexpr):
-    """(M, N) weights of one key block summed into (M, R) distance buckets, without a scatter.
-
-    A block wholly left (right) of every row's window only adds its row sums to the first (last) bucket;
-    only blocks within k of the diagonal need per-distance sums."""
-    r_abs = (rcol + LO)[None, :]
-    largest = start_n + BLOCK_N - 1 - tl.min(qpos, 0)  # the block's largest and smallest j - i
-    smallest = start_n - tl.max(qpos, 0)
-    if largest <= -CLIP:
-        sums = tl.where(r_abs == 0, tl.sum(w, 1)[:, None], 0.0)
-    elif (smallest >= CLIP) & (smallest > -CLIP):
-        sums = tl.where(r_abs == 2 * CLIP, tl.sum(w, 1)[:, None], 0.0)
-    else:
-        key = qpos[:, None] + r_abs - CLIP - start_n  # the one key of an interior bucket, as a block column
-        interior = (key >= 0) & (key < BLOCK_N) & (r_abs > 0) & (r_abs < 2 * CLIP)
-        sums = tl.where(interior, tl.gather(w, tl.minimum(tl.maximum(key, 0), BLOCK_N - 1), 1), 0.0)
-        left = tl.sum(tl.where(dist <= -CLIP, w, 0.0), 1)
-        right = tl.sum(tl.where((dist >= CLIP) & (dist > -CLIP), w, 0.0), 1)  # k = 0: one bucket, counted once
-        sums += tl.where(r_abs == 0, left[:, None], 0.0)
-        sums += tl.where(r_abs == 2 * CLIP, right[:, None], 0.0)
-    return sums
-
-
-@triton.jit
-def _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale,
-            HAS_RK: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_R: tl.constexpr,
-            PREC: tl.constexpr):
-    """Eq. 4 for one (query block, key block): scaled scores, -inf where a key is not visible."""
-    dist = cols[None, :] - qpos[:, None]  # j - i
-    s = tl.dot(q, tl.trans(k), input_precision=PREC)
-    if HAS_RK:
-        s += tl.gather(q_edge, _buckets(dist, CLIP, LO, BLOCK_R), 1)
-    visible = cols[None, :] < NK
-    if HAS_KPM:
-        visible = visible & (tl.load(KPM + b * NK + cols, mask=cols < NK, other=1)[None, :] == 0)
-    if CAUSAL:
-        visible = visible & (dist <= 0)
-    return tl.where(visible, s * scale, float("-inf")), dist
-
-
-@triton.jit
-def _keep(SEED, bh, rows, cols, NQ, NK, dropout_p):
-    seed = tl.load(SEED)
-    return tl.rand(seed, (bh * NQ + rows[:, None]) * NK + cols[None, :]) >= dropout_p
-
-
-@triton.jit
-def _forward(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
-             sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, s_rkh, s_rvh, s_ob, s_oh, s_on,
-             H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
-             HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
-             DROPOUT: tl.constexpr, ACC: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-             PREC: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
-    b, h = bh // H, bh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
-    qpos = rows + Q_OFFSET
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :],
-                mask=(rows[:, None] < NQ) & (dcol[None, :] < D), other=0.0)
-    table_mask = (rcol[:, None] < R) & (dcol[None, :] < D)
-    q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
-    if HAS_RK:
-        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
-        q_edge = tl.dot(q, tl.trans(rk), input_precision=PREC)
-
-    m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
-    l_i = tl.zeros((BLOCK_M,), ACC)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), ACC)
-    mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
-    end = NK
-    if CAUSAL:  # key blocks wholly right of the block's last query are never visible
-        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(0) + 1) * BLOCK_M)
-    for start_n in range(0, end, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
-        s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            p = tl.where(_keep(SEED, bh, rows, cols, NQ, NK, dropout_p), p / (1.0 - dropout_p), 0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        if HAS_RV:
-            mass = mass * alpha[:, None] + _bucket_sums(p, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
-        m_i = m_new
-
-    seen = l_i > 0.0  # rows with no visible key (all padding) output 0
-    inv = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
-    out = acc * inv[:, None]
-    row_mask = rows < NQ
-    if HAS_RV:
-        mass = mass * inv[:, None]
-        rv = tl.load(RV + h * s_rvh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
-        out += tl.dot(mass.to(rv.dtype), rv, input_precision=PREC)  # Eq. 3's sum_j alpha_ij a^V_ij
-    tl.store(OUT + b * s_ob + h * s_oh + rows[:, None] * s_on + dcol[None, :], out.to(OUT.dtype.element_ty),
-             mask=row_mask[:, None] & (dcol[None, :] < D))
-    tl.store(LSE + bh * NQ + rows, tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("inf")), mask=row_mask)
-
-
-@triton.jit
-def _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
-                     NQ, NK, CLIP, LO, scale, dropout_p,
-                     HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
-                     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
-    """Recomputed probabilities (as used: after dropout) and score gradients of one (query, key) block."""
-    s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
-    p = tl.exp(s - lse[:, None])  # lse = +inf on rows with nothing visible: p = 0
-    dp = tl.dot(do, tl.trans(v), input_precision=PREC)  # d alpha_ij = dO_i . (v_j + a^V_ij)
-    if HAS_RV:
-        dp += tl.gather(do_edge, _buckets(dist, CLIP, LO, BLOCK_R), 1)
-    used = p
-    if DROPOUT:
-        keep = _keep(SEED, bh, rows, cols, NQ, NK, dropout_p)
-        used = tl.where(keep, p / (1.0 - dropout_p), 0.0)
-        dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
-    ds = p * (dp - delta[:, None])  # softmax backward; sum_j alpha_ij d alpha_ij = dO_i . out_i
-    return used, ds, dist
-
-
-@triton.jit
-def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
-                     sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
-                     HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, ACC: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
-    mask = (rows[:, None] < NQ) & (dcol[None, :] < D)
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dcol[None, :], mask=mask, other=0.0)
-    table_mask = (rcol[:, None] < R) & (dcol[None, :] < D)
-    q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
-    do_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
-    if HAS_RK:
-        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
-        q_edge = tl.dot(q, tl.trans(rk), input_precision=PREC)
-    if HAS_RV:
-        rv = tl.load(RV + h * s_rvh + rcol[:, None] * D + dcol[None, :], mask=table_mask, other=0.0)
-        do_edge = tl.dot(do, tl.trans(rv), input_precision=PREC)
-    lse = tl.load(LSE + bh * NQ + rows, mask=rows < NQ, other=float("inf"))
-    delta = tl.load(DELTA + bh * NQ + rows, mask=rows < NQ, other=0.0)
-    return q, do, q_edge, do_edge, lse, delta
-
-
-@triton.jit
-def _backward_kv(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
-                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, s_rkh, s_rvh,
-                 H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
-                 HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
-                 DROPOUT: tl.constexpr, ACC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-             PREC: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
-    b, h = bh // H, bh % H
-    start_n = tl.program_id(0) * BLOCK_N
-    cols = start_n + tl.arange(0, BLOCK_N)
-    dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
-    kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
-    k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), ACC)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), ACC)
-    begin = 0
-    if CAUSAL:  # query blocks wholly before this key block never see it
-        begin = tl.maximum(start_n - Q_OFFSET, 0) // BLOCK_M * BLOCK_M
-    for start_m in range(begin, NQ, BLOCK_M):
-        rows = start_m + tl.arange(0, BLOCK_M)
-        q, do, q_edge, do_edge, lse, delta = _load_query_side(
-            Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol, sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
-            HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R, PREC)
-        used, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols,
-                                          rows + Q_OFFSET, NQ, NK, CLIP, LO, scale, dropout_p,
-                                          HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)
-        dv += tl.dot(tl.trans(used.to(do.dtype)), do, input_precision=PREC)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
-    tl.store(DK + (bh * NK + cols[:, None]) * D + dcol[None, :], (dk * scale).to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + (bh * NK + cols[:, None]) * D + dcol[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
-
-
-@triton.jit
-def _backward_q(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P_MASS,
-                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, s_rkh, s_rvh,
-                H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
-                HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
-                DROPOUT: tl.constexpr, ACC: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
-             PREC: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
-    b, h = bh // H, bh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    qpos = rows + Q_OFFSET
-    dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
-    q, do, q_edge, do_edge, lse, delta = _load_query_side(
-        Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol, sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
-        HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R, PREC)
-    dq = tl.zeros((BLOCK_M, BLOCK_D), ACC)
-    ds_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
-    p_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
-    end = NK
-    if CAUSAL:
-        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(0) + 1) * BLOCK_M)
-    for start_n in range(0, end, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
-        kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
-        used, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
-                                       NQ, NK, CLIP, LO, scale, dropout_p,
-                                       HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-        if HAS_RK:
-            ds_mass += _bucket_sums(ds, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
-        if HAS_RV:
-            p_mass += _bucket_sums(used, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
-    row_mask = rows < NQ
-    if HAS_RV:
-        tl.store(P_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], p_mass,
-                 mask=row_mask[:, None] & (rcol[None, :] < R))
-    if HAS_RK:  # d q_i gets sum_j ds_ij a^K_ij = (bucket sums of ds) @ w^K
-        bucket_mask = rcol[None, :] < R
-        rk = tl.load(RK + h * s_rkh + rcol[:, None] * D + dcol[None, :], mask=(rcol[:, None] < R) & (dcol[None, :] < D),
-                     other=0.0)
-        dq += tl.dot(ds_mass.to(rk.dtype), rk, input_precision=PREC)
-        tl.store(DS_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], ds_mass, mask=row_mask[:, None] & bucket_mask)
-    tl.store(DQ + (bh * NQ + rows[:, None]) * D + dcol[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=row_mask[:, None] & (dcol[None, :] < D))
 
 
 def _meta(q: Tensor, rel_k, rel_v, key_padding_mask, dropout_p, causal, block_m, block_n) -> dict:
@@ -302,7 +66,7 @@ def _blocks(q: Tensor) -> tuple[int, int]:
 
 @torch.library.custom_op("relnmt::relative_attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_v: Optional[Tensor],
-                  key_padding_mask: Optional[Tensor], seed: Tensor, clip: int, lo: int, causal: bool,
+                  key_padding_mask: Optional[Tensor], seed: Optional[Tensor], clip: int, lo: int, causal: bool,
                   q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor]:
     b, h, nq, d = q.shape
     nk = k.shape[2]
@@ -315,7 +79,7 @@ def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_
     # (B, N, H, D) in memory: the layer's merge of the heads is then a view, and one copy less is kept for backward
     out = torch.empty(b, nq, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
-    _forward[(triton.cdiv(nq, block_m), b * h)](
+    triton_code.forward_kernel[(triton.cdiv(nq, block_m), b * h)](
         q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], s_rkh, s_rvh, *out.stride()[:3],
         h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p, **meta)
@@ -331,8 +95,9 @@ def _(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset,
 
 @torch.library.custom_op("relnmt::relative_attention_backward", mutates_args=())
 def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_v: Optional[Tensor],
-                 key_padding_mask: Optional[Tensor], seed: Tensor, out: Tensor, lse: Tensor, clip: int, lo: int,
-                 causal: bool, q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                 key_padding_mask: Optional[Tensor], seed: Optional[Tensor], out: Tensor, lse: Tensor, clip: int,
+                 lo: int, causal: bool, q_offset: int, dropout_p: float
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dQ, dK, dV and per-row bucket sums of the score gradients and of the probabilities (for the gradients
     of the a^K and a^V tables)."""
     b, h, nq, d = q.shape
@@ -351,9 +116,9 @@ def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optio
     kpm = _key_padding(key_padding_mask)
     shape = (h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p)
     strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], s_rkh, s_rvh)
-    _backward_kv[(triton.cdiv(nk, block_n), b * h)](
+    triton_code.backward_kv_kernel[(triton.cdiv(nk, block_n), b * h)](
         q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_k, grad_v, *strides, *shape, **meta)
-    _backward_q[(triton.cdiv(nq, block_m), b * h)](
+    triton_code.backward_q_kernel[(triton.cdiv(nq, block_m), b * h)](
         q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_q, ds_mass if rk is not None else None,
         p_mass if rv is not None else None, *strides, *shape, **meta)
     return grad_q, grad_k, grad_v, ds_mass, p_mass
@@ -404,7 +169,8 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
                        dropout_p: float = 0.0) -> Tensor:
     """Eq. 3-5 like nmt.attention.relation_aware_attention, with the tables already cut to the window of
     edge vectors that occurs (rows lo..lo+R-1 of the 2k+1). At least one table must be given."""
-    seed = torch.randint(0, 2**31 - 1, (1,), device=q.device)  # on the device: no host sync
+    # drawn on the device (no host sync), and only when there is dropout (decoding and eval launch nothing for it)
+    seed = torch.randint(0, 2**31 - 1, (1,), device=q.device) if dropout_p > 0.0 else None
     out, _ = _attention_op(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p)
     return out
 
@@ -412,13 +178,6 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
 def dropout_keep_mask(seed: Tensor, b: int, h: int, nq: int, nk: int, dropout_p: float) -> Tensor:
     """The (B, H, Nq, Nk) keep mask the kernels draw for `seed` (for tests against a reference)."""
     keep = torch.empty(b * h, nq, nk, dtype=torch.int8, device=seed.device)
-    _draw_keep[(b * h, nq)](seed, keep, nq, nk, dropout_p, BLOCK_N=max(16, triton.next_power_of_2(nk)))
+    triton_code.draw_keep_kernel[(b * h, nq)](seed, keep, nq, nk, dropout_p,
+                                              BLOCK_N=max(16, triton.next_power_of_2(nk)))
     return keep.view(b, h, nq, nk).bool()
-
-
-@triton.jit
-def _draw_keep(SEED, KEEP, NQ, NK, dropout_p, BLOCK_N: tl.constexpr):
-    bh, row = tl.program_id(0), tl.program_id(1)
-    cols = tl.arange(0, BLOCK_N)
-    keep = _keep(SEED, bh, row + tl.zeros((1,), tl.int32), cols, NQ, NK, dropout_p)
-    tl.store(KEEP + (bh * NQ + row) * NK + cols[None, :], keep.to(tl.int8), mask=cols[None, :] < NK)

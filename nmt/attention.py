@@ -6,23 +6,20 @@ matrix; the value term sums attention probabilities into 2k+1 distance buckets a
 multiplies the (Nq, 2k+1) bucket masses by the table. Both are O(Nq * Nk + Nq * k * D).
 When a^V is off, the key term is an additive bias for the fused
 `F.scaled_dot_product_attention` kernel (measured faster on CPU, scripts/bench_attention.py).
-On CUDA with Triton installed, both terms run in one flash-style kernel instead
-(nmt/kernels/relative_attention.py: O(N) memory, no (N, N) tensor); the choice is made here, by device.
+With an AttentionBackend that allows it (nmt/kernels/dispatch.py: on CUDA, self-checked per case), both terms
+run in one flash-style Triton kernel instead (nmt/kernels/relative_attention.py: O(N) memory, no (N, N) tensor).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
-import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.config import ConfigError
+from nmt.kernels.dispatch import AttentionBackend
 
 
 def relative_buckets(nq: int, nk: int, clip: int, q_offset: int = 0, device=None) -> Tensor:
@@ -60,12 +57,14 @@ def relation_aware_attention(
     causal: bool = False,
     q_offset: int = 0,
     dropout_p: float = 0.0,
+    backend: AttentionBackend | None = None,
 ) -> Tensor:
     """Eq. 3-4 for q (B, H, Nq, D), k and v (B, H, Nk, D) -> (B, H, Nq, D).
 
     rel_k, rel_v: None, (2k+1, D) shared across heads, or (H, 2k+1, D) per head.
     key_padding_mask: (B, Nk) bool, True = padding. A query with no visible key outputs 0.
     q_offset: absolute position of the first query (incremental decoding: Nq=1, q_offset=t).
+    backend: may send the call to the fused kernel (nmt/kernels/dispatch.py); None = the PyTorch path.
     """
     if clip < 0:
         raise ValueError(f"clip must be >= 0, got {clip}")
@@ -84,21 +83,12 @@ def relation_aware_attention(
             # Under torch.compile with dynamic shapes the symbolic min/max of lengths has no valid range
             # (InductorError: ValueRangeError): the whole table is used, a no-op unless k >= N.
             lo, hi = 0, 2 * clip
-    backend = _backend(q, hi - lo + 1) if relative else "torch"
-    if backend != "torch":
+    if relative and backend is not None and backend.use_kernel(q, rel_k, rel_v, hi - lo + 1, key_padding_mask,
+                                                               causal, dropout_p):
         from nmt.kernels.relative_attention import relative_attention
 
         window = [None if t is None else t[..., lo : hi + 1, :] for t in (rel_k, rel_v)]
-        try:
-            return relative_attention(q, k, v, *window, clip, lo, key_padding_mask, causal, q_offset, dropout_p)
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as err:  # a Triton build this GPU cannot run: say so once, then use the PyTorch path
-            if backend == "triton":  # asked for by name: no fallback
-                raise
-            _FUSED["failed"] = f"{type(err).__name__}: {err}"
-            warnings.warn(f"fused relative attention failed ({_FUSED['failed']}); using the PyTorch path. "
-                          "Set RELNMT_ATTENTION=torch to skip it.", stacklevel=2)
+        return relative_attention(q, k, v, *window, clip, lo, key_padding_mask, causal, q_offset, dropout_p)
     mask = _attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
     # Rows with no visible key (fully padded) must give 0, not NaN nor a uniform average.
     empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
@@ -119,40 +109,35 @@ def relation_aware_attention(
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
 
 
-# RELNMT_ATTENTION chooses the relative-attention backend: auto (default: the Triton kernel on CUDA where
-# Triton is installed and the shapes fit, else PyTorch), torch (the PyTorch path everywhere: benchmarks
-# compare the two; an escape hatch), triton (the kernel on any device, no fallback: on a CPU it needs
-# TRITON_INTERPRET=1, which is how the tests run whole models through it).
-_FUSED: dict = {"failed": None}
-_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (slow)
+def reference_attention(q, k, v, rel_k, rel_v, clip: int, lo: int = 0, key_padding_mask=None, causal=False,
+                        q_offset=0, keep: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Eq. 3-5 in plain differentiable ops, with the tables given from edge vector `lo` on and dropout as an
+    explicit (B, H, Nq, Nk) keep mask: what the kernel's self-test and backward fallback compare against."""
+    mask = _attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
+    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    buckets = relative_buckets(q.shape[-2], k.shape[-2], clip, q_offset, q.device) - lo
+    return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, 1.0 / math.sqrt(q.shape[-1]),
+                               keep)
 
 
-def _backend(q: Tensor, num_buckets: int) -> str:
-    """"triton", "auto-triton" (the kernel, falling back to PyTorch if it fails to run) or "torch"."""
-    mode = os.environ.get("RELNMT_ATTENTION", "auto")
-    if mode not in ("auto", "torch", "triton"):
-        raise ConfigError(f"RELNMT_ATTENTION={mode!r} is invalid: it must be auto, torch or triton")
-    if mode == "triton":
-        return "triton"
-    if mode == "torch" or not q.is_cuda or not _TRITON_INSTALLED or _FUSED["failed"]:
-        return "torch"
-    from nmt.kernels.relative_attention import supports
-
-    return "auto-triton" if supports(q, num_buckets) else "torch"
-
-
-def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale) -> Tensor:
-    """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces."""
+def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, keep=None) -> Tensor:
+    """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces.
+    keep: a given dropout mask instead of a fresh draw."""
     scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
     if rel_k is not None:  # Eq. 4's q_i . a^K_ij, gathered from q against the 2k+1 edge vectors
         edge = q @ rel_k.transpose(-1, -2).unsqueeze(0) if rel_k.dim() == 3 else q @ rel_k.t()
         scores = scores + edge.gather(-1, buckets.expand(*q.shape[:-1], -1)) * scale
     if mask is not None:
         scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
-    probs = scores.float().softmax(-1).to(q.dtype)
+    probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
     if empty_rows is not None:
         probs = probs.masked_fill(empty_rows, 0.0)
-    probs = F.dropout(probs, dropout_p) if dropout_p > 0.0 else probs
+    if keep is not None:
+        probs = probs * keep * (1.0 / (1.0 - dropout_p))
+    elif dropout_p > 0.0:
+        probs = F.dropout(probs, dropout_p)
+    if rel_v is None:
+        return probs @ v
     one_hot = (buckets.unsqueeze(-1) == torch.arange(rel_v.shape[-2], device=q.device)).to(q.dtype)
     bucket_mass = torch.einsum("bhij,ijr->bhir", probs, one_hot)  # (B, H, Nq, 2k+1)
     edge_values = bucket_mass @ rel_v.unsqueeze(0) if rel_v.dim() == 3 else bucket_mass @ rel_v
@@ -316,8 +301,10 @@ class MultiHeadAttention(nn.Module):
         rel_key: bool = True,
         rel_value: bool = True,
         share_heads: bool = False,
+        backend: AttentionBackend | None = None,
     ):
         super().__init__()
+        self.backend = backend  # None: the PyTorch path
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
         self.heads, self.d_head, self.dropout, self.clip = heads, d_model // heads, dropout, clip
@@ -351,7 +338,7 @@ class MultiHeadAttention(nn.Module):
         z = relation_aware_attention(
             q, kv.k, kv.v, self.rel_k, self.rel_v, self.clip or 0,
             key_padding_mask=key_padding_mask, causal=causal, q_offset=q_offset,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
         )
         b, _, n, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))  # (B, Nq, d_model)

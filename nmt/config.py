@@ -110,6 +110,15 @@ class Precision(str, Enum):
     fp16 = "fp16"
 
 
+class Attention(str, Enum):
+    """Which implementation runs relative self-attention (nmt/kernels/dispatch.py); RELNMT_ATTENTION stands in
+    for auto when set."""
+
+    auto = "auto"  # the fused Triton kernel on CUDA for each case that passed its self-test, else PyTorch
+    torch = "torch"  # the PyTorch path everywhere
+    triton = "triton"  # the kernel wherever its shapes fit, unchecked, no fallback (CPU: TRITON_INTERPRET=1)
+
+
 class Schedule(str, Enum):
     inverse_sqrt = "inverse_sqrt"  # Vaswani et al. 2017 and the paper: warmup, then decay as step^-0.5
     linear = "linear"  # same warmup and peak, then linear decay to 0 at train.max_steps (short budgets)
@@ -160,9 +169,10 @@ class TrainConfig:
     max_bad_updates: int = 10  # consecutive non-finite losses before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
+    attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
 
     def check(self) -> "TrainConfig":
-        self.precision = Precision(self.precision)
+        self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         for name in ("max_steps", "max_tokens", "update_freq", "save_every_steps", "log_every", "max_bad_updates"):
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",

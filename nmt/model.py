@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention import KV, MultiHeadAttention
+from nmt.kernels.dispatch import AttentionBackend
 from nmt.config import ModelConfig, Norm, Position
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
 
@@ -42,18 +43,18 @@ class Sublayer(nn.Module):
         return self.norm(x + self.dropout(fn(x)))
 
 
-def _self_attention(cfg: ModelConfig) -> MultiHeadAttention:
+def _self_attention(cfg: ModelConfig, backend: AttentionBackend | None) -> MultiHeadAttention:
     relative = cfg.position in (Position.relative, Position.both)
     return MultiHeadAttention(
         cfg.d_model, cfg.heads, cfg.dropout, clip=cfg.clip if relative else None,
-        rel_key=cfg.rel_key, rel_value=cfg.rel_value, share_heads=cfg.share_heads,
+        rel_key=cfg.rel_key, rel_value=cfg.rel_value, share_heads=cfg.share_heads, backend=backend,
     )
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None):
         super().__init__()
-        self.self_attn = _self_attention(cfg)
+        self.self_attn = _self_attention(cfg, backend)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout)
         self.attn_block, self.ffn_block = (Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(2))
 
@@ -78,9 +79,9 @@ class DecoderCache:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None):
         super().__init__()
-        self.self_attn = _self_attention(cfg)
+        self.self_attn = _self_attention(cfg, backend)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.dropout)  # never relative
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout)
         self.blocks = nn.ModuleList(Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(3))
@@ -104,17 +105,19 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Shared source/target/output embedding over one joint vocabulary."""
+    """Shared source/target/output embedding over one joint vocabulary.
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    backend: where relative self-attention may run the fused kernel (nmt/kernels/dispatch.py); None = PyTorch."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, backend: AttentionBackend | None = None):
         super().__init__()
         self.cfg = cfg = cfg.check()
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
         nn.init.normal_(self.embed.weight, 0.0, cfg.d_model**-0.5)
         nn.init.zeros_(self.embed.weight[PAD])
         self.embed_dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, backend) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == Norm.pre  # pre-norm stacks end with a LayerNorm; post-norm already did
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()

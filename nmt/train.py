@@ -31,6 +31,7 @@ from nmt.data.pipeline import load_manifest, prepare, prepared_dir
 from nmt.data.readers import DataError, read_lines
 from nmt.data.vocab import Vocab
 from nmt.data.shards import EncodedSplit
+from nmt.kernels.dispatch import AttentionBackend, model_cases
 from nmt.model import PAD, Transformer, count_parameters
 from nmt.translate import translate_lines
 
@@ -158,7 +159,9 @@ class Trainer:
         self.train_data = EncodedSplit(data_dir, "train", self.vocab_size)
         self.valid_data = EncodedSplit(data_dir, "valid", self.vocab_size)
         torch.manual_seed(self.cfg.seed)
-        self.model = Transformer(job.model, self.vocab_size).to(env.device)
+        self.attention = AttentionBackend(self.cfg.attention)
+        self.attention.lazy = env.world_size == 1  # under DDP only the cases checked together below
+        self.model = Transformer(job.model, self.vocab_size, self.attention).to(env.device)
         self.data_parallel = DistributedDataParallel(self.model) if env.world_size > 1 else self.model
         # Compiled for training only (checkpoints come from self.model: plain keys, no "_orig_mod."); batch
         # shapes change every step, so the graph is traced with dynamic shapes once, not once per shape.
@@ -329,6 +332,9 @@ class Trainer:
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         self.resume()
         cfg, env = self.cfg, self.env
+        # before torch.compile traces: the kernel serves only the cases that passed on every rank
+        self.attention.check(model_cases(self.job.model, self.amp_dtype or torch.float32, env.device, training=True),
+                             env.device)
         if env.main:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -406,6 +412,7 @@ def setup_logging(out: Path, main: bool) -> None:
         handlers.append(logging.FileHandler(out / "train.log"))
     logging.basicConfig(level=logging.INFO if main else logging.WARNING, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)  # e.g. the fused kernel's fallback warnings, into train.log too
 
 
 def run(job: TrainJob) -> Path:

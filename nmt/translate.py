@@ -25,10 +25,11 @@ from omegaconf import MISSING, OmegaConf
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
-from nmt.config import ConfigError, Position, model_config_from_dict, require
+from nmt.config import Attention, ConfigError, Position, Precision, model_config_from_dict, require
 from nmt.data.batching import pad_rows
 from nmt.data.readers import DataError
 from nmt.data.vocab import Vocab
+from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import EOS, Transformer
 from nmt.search import beam_search, greedy
 
@@ -45,6 +46,8 @@ class DecodeJob:
     max_extra: int = 50  # longest output = source length + max_extra
     max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
     device: str = "auto"
+    precision: Precision = Precision.auto  # auto: bf16 autocast on a GPU that has it, else fp32
+    attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
 
     def check(self) -> "DecodeJob":
         require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
@@ -53,15 +56,27 @@ class DecodeJob:
         require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
         require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device", self.device,
                 "auto, cpu, cuda or cuda:N")
+        self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self
 
 
-def load_translator(checkpoint: str | Path, device: torch.device) -> tuple[Transformer, Vocab]:
+def decoding_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """Autocast dtype for decoding (None = fp32). auto: bf16 on a GPU that has it (the search's scores stay fp32),
+    fp32 elsewhere: fp16 could overflow without the loss scaling that training has."""
+    if precision == Precision.auto:
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else None
+    return {Precision.fp32: None, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}[precision]
+
+
+def load_translator(checkpoint: str | Path, device: torch.device,
+                    backend: AttentionBackend | None = None) -> tuple[Transformer, Vocab]:
     state = load_checkpoint(checkpoint)
     if "vocab" not in state or "config" not in state:
         raise CheckpointError(f"{checkpoint}: no vocabulary or config inside; was it written by nmt.train?")
     vocab = Vocab(model_proto=state["vocab"].numpy().tobytes())
-    model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0])
+    model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0],
+                        backend)
     model.load_state_dict(state["model"])
     return model.to(device).eval(), vocab
 
@@ -152,9 +167,14 @@ def main(cfg) -> None:
     job: DecodeJob = OmegaConf.to_object(cfg)
     try:
         device = pick_device(job.check().device)
-        model, vocab = load_translator(job.checkpoint, device)
-        translate = lambda lines, progress=False: translate_lines(  # noqa: E731
-            model, vocab, lines, job.beam, job.alpha, job.max_extra, job.max_tokens, device, progress)
+        model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention))
+        dtype = decoding_dtype(job.precision, device)
+
+        def translate(lines, progress=False):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                return translate_lines(model, vocab, lines, job.beam, job.alpha, job.max_extra, job.max_tokens,
+                                       device, progress)
+
         out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
         with open_source(job.input) as source:
             lines = decode_source_lines(source, job.input or "<stdin>")

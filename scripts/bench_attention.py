@@ -3,8 +3,8 @@
 1. One self-attention layer (projections + attention), forward + backward, d_model 512, 8 heads,
    k=16 with a^K and a^V per head, ~1536 tokens per batch, n in {48, 96, 192}:
    ours relative | ours without tables (F.scaled_dot_product_attention) | OpenNMT-py 3.5.1 relative.
-   On CUDA "ours" is the fused Triton kernel; "ours_torch" is the same layer on the PyTorch path
-   (RELNMT_ATTENTION=torch), so the kernel's gain is measured side by side.
+   On CUDA "ours" is the fused Triton kernel (attention=auto: self-checked); "ours_torch" is the same layer on
+   the PyTorch path (attention=torch), so the kernel's gain is measured side by side.
    Memory: bytes of activations the layer keeps for backward (deduplicated by storage).
 2. Whole models (tiny, base): one training step (forward, label-smoothed loss, backward),
    position=relative vs position=absolute.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 
 from nmt.attention import MultiHeadAttention
 from nmt.config import ModelConfig, Position
+from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer
 
 D_MODEL, HEADS, CLIP, TOKENS = 512, 8, 16, 1536
@@ -86,11 +86,12 @@ def time_interleaved(steps: dict, repeats: int, device) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def layer_steps(n: int, device, dtype, opennmt_cls):
+def layer_steps(n: int, device, dtype, opennmt_cls, both_paths: bool = False):
+    """Timed steps by name; on CUDA (or with both_paths) "ours_torch" too, and with both_paths "ours_triton"."""
     batch = TOKENS // n
     x = torch.randn(batch, n, D_MODEL, device=device, dtype=dtype)
     layers = {
-        "ours_relative": MultiHeadAttention(D_MODEL, HEADS, clip=CLIP),
+        "ours_relative": MultiHeadAttention(D_MODEL, HEADS, clip=CLIP, backend=AttentionBackend("auto")),
         "sdpa": MultiHeadAttention(D_MODEL, HEADS, clip=None),
     }
     if opennmt_cls is not None:
@@ -107,20 +108,22 @@ def layer_steps(n: int, device, dtype, opennmt_cls):
                 out.float().pow(2).mean().backward()
 
         steps[name] = step
-    if device.type == "cuda":
-        steps["ours_torch"] = on_torch_path(steps["ours_relative"])
+    if device.type == "cuda" or both_paths:
+        steps["ours_torch"] = with_backend(layers["ours_relative"], steps["ours_relative"], "torch")
+    if both_paths:
+        steps["ours_triton"] = with_backend(layers["ours_relative"], steps["ours_relative"], "triton")
     return steps
 
 
-def on_torch_path(step):
-    """The step with nmt.attention's Triton dispatch switched off."""
+def with_backend(layer, step, mode: str):
+    """The step with the layer's attention backend set to `mode` while it runs."""
 
     def run(backward=True):
-        os.environ["RELNMT_ATTENTION"] = "torch"
+        saved, layer.backend = layer.backend, AttentionBackend(mode)
         try:
             step(backward=backward)
         finally:
-            os.environ.pop("RELNMT_ATTENTION")
+            layer.backend = saved
 
     return run
 
@@ -134,7 +137,8 @@ def model_steps(preset: str, device, dtype):
     steps = {}
     for position in (Position.relative, Position.absolute):
         torch.manual_seed(0)
-        model = Transformer(ModelConfig(**{**fields, "position": position}), 8000).to(device=device, dtype=dtype)
+        model = Transformer(ModelConfig(**{**fields, "position": position}), 8000,
+                            AttentionBackend("auto")).to(device=device, dtype=dtype)
 
         def step(model=model, backward=True):
             logits = model(src, tgt[:, :-1])
@@ -153,14 +157,9 @@ def memory_only(device, dtype, output: str) -> None:
     print(f"kept for backward, MB: one layer, d_model {D_MODEL}, {HEADS} heads, k={CLIP}, {TOKENS} tokens/batch")
     print("   n  kernel  torch path    sdpa  kernel/sdpa  torch path/sdpa")
     for n in (48, 96, 192):
-        steps = layer_steps(n, device, dtype, None)
-        mem = {}
-        for name, backend in (("kernel", "triton"), ("torch_path", "torch")):
-            os.environ["RELNMT_ATTENTION"] = backend
-            try:
-                mem[name] = saved_bytes(steps["ours_relative"]) / 2**20
-            finally:
-                os.environ.pop("RELNMT_ATTENTION")
+        steps = layer_steps(n, device, dtype, None, both_paths=True)
+        mem = {name: saved_bytes(steps[key]) / 2**20 for name, key in (("kernel", "ours_triton"),
+                                                                         ("torch_path", "ours_torch"))}
         mem["sdpa"] = saved_bytes(steps["sdpa"]) / 2**20
         rows.append({"n": n, "saved_mb": mem})
         print(f"{n:4d} {mem['kernel']:7.1f} {mem['torch_path']:11.1f} {mem['sdpa']:7.1f} "

@@ -1,6 +1,10 @@
 """Decoding speed: greedy and beam 4 on the bundled test set, and what the incremental cache buys.
 
     python scripts/bench_decode.py [--checkpoint outputs/demo/averaged.pt] [--threads 2] [--device cpu]
+                                   [--precision auto|fp32|bf16|fp16]
+
+Decoding runs as nmt.translate does (precision=auto: bf16 autocast on a GPU that has it, fp32 on a CPU;
+attention=auto: the fused kernel on CUDA where its self-test passes).
 
 Without a checkpoint (before `make demo`) it uses a random-weight model of the `tiny` shape.
 Cached vs uncached: 50 decoder steps for a batch of 32 sentences, one token per step, with the
@@ -19,11 +23,12 @@ from pathlib import Path
 import torch
 import yaml
 
-from nmt.config import ModelConfig
+from nmt.config import ModelConfig, Precision
 from nmt.data.batching import pad_rows
 from nmt.model import BOS, EOS, Transformer
 from nmt.search import Uncached
-from nmt.translate import encode_lines, load_translator, translate_ids
+from nmt.kernels.dispatch import AttentionBackend
+from nmt.translate import decoding_dtype, encode_lines, load_translator, translate_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,28 +47,33 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--precision", default="auto", choices=[p.value for p in Precision])
     parser.add_argument("--output", default="results/bench_decode.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    dtype = decoding_dtype(Precision(args.precision), device)
     if Path(args.checkpoint).is_file():
-        model, vocab = load_translator(args.checkpoint, device)
+        model, vocab = load_translator(args.checkpoint, device, AttentionBackend("auto"))
         source = f"trained checkpoint {args.checkpoint}"
     else:
         from nmt.data.vocab import Vocab
 
         fields = yaml.safe_load(open(ROOT / "configs/model/tiny.yaml"))
-        model = Transformer(ModelConfig(**fields), 8000).to(device).eval()
+        model = Transformer(ModelConfig(**fields), 8000, AttentionBackend("auto")).to(device).eval()
         vocab = Vocab(ROOT / "prepared/multi30k_en_de/spm.model")
         source = "random-weight tiny model (run make demo for a trained one)"
     with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]
     ids = encode_lines(vocab, lines, 500)
-    report = {"model": source, "device": args.device, "threads": args.threads, "sentences": len(lines)}
-    print(f"{source}; {len(lines)} sentences; {args.device}, {args.threads} threads")
+    report = {"model": source, "device": args.device, "threads": args.threads, "sentences": len(lines),
+              "precision": str(dtype or torch.float32)}
+    print(f"{source}; {len(lines)} sentences; {args.device}, {args.threads} threads, {dtype or torch.float32}")
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
     for name, beam in (("greedy", 1), ("beam4", 4)):
         start = time.perf_counter()
-        out = translate_ids(model, ids, beam, 0.6, 50, 4096, device)
+        with autocast:
+            out = translate_ids(model, ids, beam, 0.6, 50, 4096, device)
         seconds = time.perf_counter() - start
         tokens = sum(len(row) + 1 for row in out)
         report[name] = {"seconds": round(seconds, 2), "sentences_per_s": round(len(lines) / seconds, 1),

@@ -4,6 +4,8 @@ Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set b
 anything imports triton); with one, the same tests run the compiled kernels on CUDA.
 """
 
+import warnings
+
 import pytest
 import torch
 
@@ -11,7 +13,10 @@ pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
 
 from nmt.attention import relation_aware_attention  # noqa: E402
+from nmt.config import ConfigError  # noqa: E402
+from nmt.kernels import dispatch  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
+from nmt.kernels.dispatch import AttentionBackend, KernelFallbackWarning  # noqa: E402
 from tests.test_attention import literal_attention, make_inputs  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -161,16 +166,16 @@ def test_dropout_matches_a_reference_with_the_kernels_mask():
         torch.testing.assert_close(got.to(want.dtype), want, **TOL)
 
 
-def test_custom_op_is_traceable_without_graph_breaks(monkeypatch):
+def test_custom_op_is_traceable_without_graph_breaks():
     """torch.compile sees one opaque op with a fake (shape) implementation and a registered backward; the
     dispatch in nmt.attention traces too."""
-    monkeypatch.setenv("RELNMT_ATTENTION", "triton")
     q, k, v, rk, rv = (t.requires_grad_(True) for t in on_device(*inputs(nq=6, nk=6, clip=2)))
     pad = torch.zeros(2, 6, dtype=torch.bool, device=DEVICE)
     pad[1, 4:] = True
+    backend = AttentionBackend("triton")
 
     def layer(q, k, v, rk, rv):
-        return relation_aware_attention(q, k, v, rk, rv, 2, key_padding_mask=pad, causal=True)
+        return relation_aware_attention(q, k, v, rk, rv, 2, key_padding_mask=pad, causal=True, backend=backend)
 
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     got, want = compiled(q, k, v, rk, rv), layer(q, k, v, rk, rv)
@@ -179,32 +184,130 @@ def test_custom_op_is_traceable_without_graph_breaks(monkeypatch):
     torch.testing.assert_close(grads, torch.autograd.grad(want.sum(), (q, rk, rv)), **TOL)
 
 
-def test_only_cuda_tensors_take_the_kernel_by_default(monkeypatch):
+def test_backend_is_configuration(monkeypatch):
     calls = []
     monkeypatch.setattr(kernel, "relative_attention", lambda *a, **kw: calls.append(a))
     q, k, v, rk, rv = inputs()
-    relation_aware_attention(q, k, v, rk, rv, 2)
-    assert calls == []  # the CPU path stays as it is
-    monkeypatch.setenv("RELNMT_ATTENTION", "triton")
-    relation_aware_attention(q, k, v, rk, rv, 2)
+    relation_aware_attention(q, k, v, rk, rv, 2)  # no backend: the PyTorch path
+    relation_aware_attention(q, k, v, rk, rv, 2, backend=AttentionBackend("auto"))  # auto: CUDA only
+    assert calls == []
+    relation_aware_attention(q, k, v, rk, rv, 2, backend=AttentionBackend("triton"))
     assert len(calls) == 1
+    monkeypatch.setenv("RELNMT_ATTENTION", "torch")  # stands in for auto, read once when the backend is made
+    assert AttentionBackend("auto").mode.value == "torch" and AttentionBackend("triton").mode.value == "triton"
     monkeypatch.setenv("RELNMT_ATTENTION", "fast")
-    with pytest.raises(ValueError, match="RELNMT_ATTENTION='fast' is invalid"):
-        relation_aware_attention(q, k, v, rk, rv, 2)
+    with pytest.raises(ConfigError, match="'fast'"):
+        AttentionBackend("auto")
 
 
-def micro_model(share_heads):
+# Under auto, a CPU "device" whose kernel runs in the interpreter, in float64 (what the interpreter gets right).
+def checked_backend():
+    return AttentionBackend("auto", devices=(DEVICE,), dtypes=(DTYPE,), head_dims=(16,))
+
+
+def layer_run(backend, repeats=2):
+    """Output and gradients of one relative layer (one case), run `repeats` times."""
+    q, k, v, rk, rv = inputs(nq=20, nk=20, clip=3, seed=4)
+    pad = torch.zeros(2, 20, dtype=torch.bool)
+    pad[1, 17:] = True
+    for _ in range(repeats):
+        leaves = [t.detach().to(DEVICE, DTYPE).requires_grad_(True) for t in (q, k, v, rk, rv)]
+        out = relation_aware_attention(*leaves, 3, key_padding_mask=pad.to(DEVICE), backend=backend)
+        out.pow(2).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def fallback_warnings(record):
+    return [w for w in record if issubclass(w.category, KernelFallbackWarning)]
+
+
+def test_auto_serves_a_case_only_after_its_self_test_passes(monkeypatch):
+    launched = []
+    real_launch = kernel.launch
+    monkeypatch.setattr(kernel, "launch", lambda k, *a, **kw: launched.append(k) or real_launch(k, *a, **kw))
+    backend = checked_backend()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = layer_run(backend)
+    assert fallback_warnings(record) == []
+    assert list(backend.verdicts.values()) == [True]  # one case, checked once
+    assert launched.count(kernel.triton_code.forward_kernel) == 1 + 2  # the self-test, then both runs
+    for g, w in zip(got, layer_run(None)):
+        torch.testing.assert_close(g, w, **TOL)
+
+
+@pytest.mark.parametrize("fault", ["backward launch raises", "wrong numbers"])
+def test_a_failing_kernel_gives_the_pytorch_path_with_one_warning(fault, monkeypatch):
+    real_launch, real_forward = kernel.launch, kernel.forward
+    if fault == "backward launch raises":
+        def launch(k, *args, **kw):
+            if k is kernel.triton_code.backward_q_kernel:
+                raise RuntimeError("simulated launch failure")
+            return real_launch(k, *args, **kw)
+        monkeypatch.setattr(kernel, "launch", launch)
+    else:
+        monkeypatch.setattr(kernel, "forward", lambda *a, **kw: (lambda out, lse: (out * 1.01, lse))(
+            *real_forward(*a, **kw)))
+    backend = checked_backend()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = layer_run(backend)
+    assert len(fallback_warnings(record)) == 1
+    message = str(fallback_warnings(record)[0].message)
+    assert ("simulated launch failure" if fault == "backward launch raises" else "output off by") in message
+    assert list(backend.verdicts.values()) == [False]
+    for g, w in zip(got, layer_run(None)):
+        torch.testing.assert_close(g, w, **TOL)
+
+
+def test_backward_falls_back_when_its_launch_raises_after_the_self_test(monkeypatch):
+    monkeypatch.setattr(dispatch, "BACKWARD_FAILED", set())
+    backend = checked_backend()
+    layer_run(backend, repeats=1)  # passes the self-test
+    assert list(backend.verdicts.values()) == [True]
+    real_launch = kernel.launch
+
+    def launch(k, *args, **kw):
+        if k is kernel.triton_code.backward_kv_kernel:
+            raise RuntimeError("simulated launch failure")
+        return real_launch(k, *args, **kw)
+
+    monkeypatch.setattr(kernel, "launch", launch)
+    forwards = []
+    real_forward = kernel.forward
+    monkeypatch.setattr(kernel, "forward", lambda *a, **kw: forwards.append(1) or real_forward(*a, **kw))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = layer_run(backend, repeats=3)
+    assert len(fallback_warnings(record)) == 1
+    assert len(forwards) == 1  # after the failure, the case runs the PyTorch path
+    for g, w in zip(got, layer_run(None)):
+        torch.testing.assert_close(g, w, **TOL)
+
+
+def test_launch_grid_fits_cuda_limits_for_any_batch_the_batcher_builds():
+    """B * H sits on grid axis 0 (limit 2**31 - 1): 32,768-token batches of 1-token pairs with 16 heads launch."""
+    for tokens, heads, length in ((32_768, 16, 1), (25_000, 16, 6), (32_768, 8, 4), (4_096, 8, 250)):
+        batch = tokens // length
+        for block in (16, 32):
+            size = kernel.grid(batch, heads, length, block)
+            assert size[0] == batch * heads and all(s <= limit for s, limit in zip(size, kernel.GRID_LIMITS))
+            assert kernel.fits_grid(batch, heads, length, block)
+    assert not kernel.fits_grid(1, 1, 16 * 65_536, 16)  # a million-token sentence: the PyTorch path
+
+
+def micro_model(share_heads, backend=None):
     from nmt.config import ModelConfig
     from nmt.model import Transformer
 
     torch.manual_seed(0)
     cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=2, ffn_dim=64, clip=3, dropout=0.0,
                       share_heads=share_heads)
-    return Transformer(cfg, 40).to(DEVICE, DTYPE)
+    return Transformer(cfg, 40, backend).to(DEVICE, DTYPE)
 
 
 @pytest.mark.parametrize("share_heads", [False, True])
-def test_whole_model_through_the_kernel(share_heads, monkeypatch):
+def test_whole_model_through_the_kernel(share_heads):
     """A Transformer's loss and gradients are the same through the kernel as through the CPU path, and its
     incremental decoding (one query at an offset, against the cache) equals teacher forcing."""
     from nmt.model import BOS, PAD
@@ -217,8 +320,7 @@ def test_whole_model_through_the_kernel(share_heads, monkeypatch):
     src, tgt = src.to(DEVICE), tgt.to(DEVICE)
     results = {}
     for backend in ("torch", "triton"):
-        monkeypatch.setenv("RELNMT_ATTENTION", backend)
-        model = micro_model(share_heads)
+        model = micro_model(share_heads, AttentionBackend(backend))
         logits = model(src, tgt)
         logits.logsumexp(-1).sum().backward()
         results[backend] = [logits.detach()] + [p.grad for p in model.parameters()]

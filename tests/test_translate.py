@@ -139,3 +139,16 @@ def test_out_of_range_values_are_one_line_errors(module, args, field, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"{field} is invalid" in result.stderr
+
+
+def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch):
+    from nmt.config import Precision
+    from nmt.translate import decoding_dtype
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: True)
+    assert decoding_dtype(Precision.auto, cuda) == torch.bfloat16
+    assert decoding_dtype(Precision.auto, cpu) is None
+    assert decoding_dtype(Precision.fp32, cuda) is None
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
+    assert decoding_dtype(Precision.auto, cuda) is None  # no fp16 without loss scaling's safety net

@@ -22,6 +22,8 @@ the kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 import math
+import warnings
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -31,17 +33,58 @@ from torch import Tensor
 
 from nmt.kernels import relative_attention_triton as triton_code
 
-# Widest window of edge vectors (R = 2k+1, or the part of it the lengths reach) kept in registers per row.
-MAX_BUCKETS = 128
+# Widest window of edge vectors (R = 2k+1, or the part of it the lengths reach) kept in registers per row:
+# the dQ kernel spilled at 128 with every tile tried (python -m nmt.kernels.resources).
+MAX_BUCKETS = 64
+# CUDA's grid limits: axis 0 (B * H here) up to 2**31 - 1, axis 1 (row or key blocks) up to 65,535.
+GRID_LIMITS = (2**31 - 1, 65_535)
 
 
-def _meta(q: Tensor, rel_k, rel_v, key_padding_mask, dropout_p, causal, block_m, block_n) -> dict:
-    r = (rel_k if rel_k is not None else rel_v).shape[-2]
+@dataclass(frozen=True)
+class Tiles:
+    """Block shapes and warps of one launch, chosen from compiles for sm_90 and sm_80 without spills
+    (python -m nmt.kernels.resources; the README's table): 64 x 64 tiles spilled up to 3.5 KB per thread."""
+
+    block_m: int  # query rows per program
+    block_n: int  # keys per inner step (and per program in the dK/dV kernel)
+    num_warps: int
+
+
+def choose_tiles(nq: int, head_block: int, buckets_block: int, compiled: bool) -> Tiles:
+    """Tiles for a launch. 32 x 32 spill-free up to head size 64 with 32 edge vectors (big: k = 8); 16-row
+    blocks for wider heads or windows (base: k = 16, 33 vectors) and for decoding's single query. The
+    interpreter (tests on a CPU) is quickest with the smallest tile tl.dot takes."""
+    if not compiled:
+        return Tiles(16, 16, 4)
+    small = nq <= 16 or head_block > 64 or buckets_block > 32
+    return Tiles(16 if small else 32, 32, 4)
+
+
+def grid(b: int, h: int, n: int, block: int) -> tuple[int, int]:
+    """One program per (batch-head, block of n): B * H on axis 0, whose limit no batch reaches."""
+    return b * h, triton.cdiv(n, block)
+
+
+def fits_grid(b: int, h: int, n: int, block: int = 16) -> bool:
+    return all(size <= limit for size, limit in zip(grid(b, h, n, block), GRID_LIMITS))
+
+
+def head_block(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def buckets_block(r: int) -> int:
+    return max(16, triton.next_power_of_2(r))
+
+
+def _constexprs(q: Tensor, rel_k, rel_v, key_padding_mask, causal: bool, dropout_p: float, r: int,
+                tiles: Tiles) -> dict:
     return dict(
         HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_KPM=key_padding_mask is not None,
         CAUSAL=causal, DROPOUT=dropout_p > 0.0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(q.shape[-1])),
-        BLOCK_R=max(16, triton.next_power_of_2(r)),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_block(q.shape[-1]),
+        BLOCK_R=buckets_block(r), num_warps=tiles.num_warps,
+        # fp32 runs here only when asked for by name or in the interpreter: auto sends it to the PyTorch path
         PREC="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",  # tf32: ignored for bf16/fp16
     )
 
@@ -58,36 +101,106 @@ def _key_padding(key_padding_mask: Optional[Tensor]) -> Tensor | None:
     return None if key_padding_mask is None else key_padding_mask.to(torch.int8).contiguous()
 
 
-def _blocks(q: Tensor) -> tuple[int, int]:
-    # 64 x 64 tiles at D = 64 fit the registers of every recent NVIDIA part; the interpreter (tests, CPU)
-    # is quicker with the smallest tile tl.dot accepts.
-    return (64, 64) if q.is_cuda else (16, 16)
+def _rows(t: Tensor) -> Tensor:
+    """The tensor with unit stride along the head dimension (what the kernels' loads assume)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_dtypes(*tensors: Tensor) -> None:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) != 1:
+        raise TypeError(f"relative_attention: q, k, v (and the output gradient) must share one dtype, got {dtypes}")
+
+
+def launch(kernel, launch_grid, *args, **constexprs):
+    """Every kernel launch goes through here; nmt.kernels.resources swaps in `kernel.warmup` to compile the
+    real argument lists for a GPU it does not have."""
+    return kernel[launch_grid](*args, **constexprs)
+
+
+@dataclass
+class _Launch:
+    """What the forward and both backward kernels share: inputs in kernel layout, tables, shape scalars."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    rk: Tensor | None
+    rv: Tensor | None
+    kpm: Tensor | None
+    r: int
+    tiles: Tiles
+    constexprs: dict
+    table_strides: tuple[int, int]  # head strides of the a^K and a^V tables (0: shared by every head)
+    scalars: tuple  # H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p
+
+    @classmethod
+    def build(cls, q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled=None):
+        _check_dtypes(q, k, v)
+        b, h, nq, d = q.shape
+        rk, s_rkh = _table(rel_k, q.dtype)
+        rv, s_rvh = _table(rel_v, q.dtype)
+        r = (rk if rk is not None else rv).shape[-2]
+        compiled = q.is_cuda if compiled is None else compiled
+        tiles = choose_tiles(nq, head_block(d), buckets_block(r), compiled)
+        return cls(_rows(q), _rows(k), _rows(v), rk, rv, _key_padding(key_padding_mask), r, tiles,
+                   _constexprs(q, rel_k, rel_v, key_padding_mask, causal, dropout_p, r, tiles), (s_rkh, s_rvh),
+                   (h, nq, k.shape[2], d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p))
+
+    def grid(self, n: int, block: int) -> tuple[int, int]:
+        return grid(self.q.shape[0], self.q.shape[1], n, block)
+
+    def strides(self, *tensors: Tensor) -> tuple:
+        """(batch, head, row) strides of each tensor, in the kernels' order."""
+        return tuple(s for t in tensors for s in t.stride()[:3])
+
+
+def forward(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p,
+            compiled=None) -> tuple[Tensor, Tensor]:
+    """Output (B, H, Nq, D), laid out (B, N, H, D) in memory, and the rows' log-sum-exp (B, H, Nq)."""
+    run = _Launch.build(q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled)
+    b, h, nq, d = q.shape
+    # (B, N, H, D) in memory: the layer's merge of the heads is then a view, and one copy less is kept for backward
+    out = torch.empty(b, nq, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+    lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
+    launch(triton_code.forward_kernel, run.grid(nq, run.tiles.block_m),
+           run.q, run.k, run.v, run.rk, run.rv, run.kpm, seed, out, lse,
+           *run.strides(run.q, run.k, run.v), *run.table_strides, *run.strides(out), *run.scalars, **run.constexprs)
+    return out, lse
+
+
+def backward(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, clip, lo, causal, q_offset,
+             dropout_p, compiled=None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dQ, dK, dV and per-row bucket sums of the score gradients and of the probabilities (for the gradients
+    of the a^K and a^V tables)."""
+    run = _Launch.build(q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled)
+    grad_out = _rows(grad_out.to(q.dtype))
+    b, h, nq, _ = q.shape
+    delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1).contiguous()  # dO_i . out_i
+    # written in (B, H, N, D) order whatever the inputs' strides (heads are usually a transposed view)
+    grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    ds_mass = torch.zeros(b, h, nq, run.r if run.rk is not None else 0, dtype=lse.dtype, device=q.device)
+    p_mass = torch.zeros(b, h, nq, run.r if run.rv is not None else 0, dtype=lse.dtype, device=q.device)
+    inputs = (run.q, run.k, run.v, run.rk, run.rv, run.kpm, seed, grad_out, lse, delta)
+    strides = (*run.strides(run.q, run.k, run.v, grad_out), *run.table_strides)
+    launch(triton_code.backward_kv_kernel, run.grid(k.shape[2], run.tiles.block_n),
+           *inputs, grad_k, grad_v, *strides, *run.scalars, **run.constexprs)
+    launch(triton_code.backward_q_kernel, run.grid(nq, run.tiles.block_m),
+           *inputs, grad_q, ds_mass if run.rk is not None else None, p_mass if run.rv is not None else None,
+           *strides, *run.scalars, **run.constexprs)
+    return grad_q, grad_k, grad_v, ds_mass, p_mass
 
 
 @torch.library.custom_op("relnmt::relative_attention", mutates_args=())
 def _attention_op(q: Tensor, k: Tensor, v: Tensor, rel_k: Optional[Tensor], rel_v: Optional[Tensor],
                   key_padding_mask: Optional[Tensor], seed: Optional[Tensor], clip: int, lo: int, causal: bool,
-                  q_offset: int, dropout_p: float) -> tuple[Tensor, Tensor]:
-    b, h, nq, d = q.shape
-    nk = k.shape[2]
-    block_m, block_n = _blocks(q)
-    meta = _meta(q, rel_k, rel_v, key_padding_mask, dropout_p, causal, block_m, block_n)
-    rk, s_rkh = _table(rel_k, q.dtype)
-    rv, s_rvh = _table(rel_v, q.dtype)
-    r = (rk if rk is not None else rv).shape[-2]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    # (B, N, H, D) in memory: the layer's merge of the heads is then a view, and one copy less is kept for backward
-    out = torch.empty(b, nq, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
-    lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
-    triton_code.forward_kernel[(triton.cdiv(nq, block_m), b * h)](
-        q, k, v, rk, rv, _key_padding(key_padding_mask), seed, out, lse,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], s_rkh, s_rvh, *out.stride()[:3],
-        h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p, **meta)
-    return out, lse
+                  q_offset: int, dropout_p: float, fallback: bool) -> tuple[Tensor, Tensor]:
+    """fallback: if the backward kernel raises (eager), take the gradients from the PyTorch path."""
+    return forward(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p)
 
 
 @_attention_op.register_fake
-def _(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p):
+def _(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p, fallback):
     b, h, nq, _ = q.shape
     out = q.new_empty((b, nq, h, q.shape[-1])).transpose(1, 2)
     return out, q.new_empty((b, h, nq), dtype=torch.float32 if q.dtype != torch.float64 else q.dtype)
@@ -98,30 +211,8 @@ def _backward_op(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, rel_k: Optio
                  key_padding_mask: Optional[Tensor], seed: Optional[Tensor], out: Tensor, lse: Tensor, clip: int,
                  lo: int, causal: bool, q_offset: int, dropout_p: float
                  ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dQ, dK, dV and per-row bucket sums of the score gradients and of the probabilities (for the gradients
-    of the a^K and a^V tables)."""
-    b, h, nq, d = q.shape
-    nk = k.shape[2]
-    block_m, block_n = _blocks(q)
-    meta = _meta(q, rel_k, rel_v, key_padding_mask, dropout_p, causal, block_m, block_n)
-    rk, s_rkh = _table(rel_k, q.dtype)
-    rv, s_rvh = _table(rel_v, q.dtype)
-    r = (rk if rk is not None else rv).shape[-2]
-    q, k, v, grad_out = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, grad_out))
-    delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1).contiguous()  # dO_i . out_i
-    # written in (B, H, N, D) order whatever the inputs' strides (heads are usually a transposed view)
-    grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    ds_mass = torch.zeros(b, h, nq, r if rk is not None else 0, dtype=lse.dtype, device=q.device)
-    p_mass = torch.zeros(b, h, nq, r if rv is not None else 0, dtype=lse.dtype, device=q.device)
-    kpm = _key_padding(key_padding_mask)
-    shape = (h, nq, nk, d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p)
-    strides = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *grad_out.stride()[:3], s_rkh, s_rvh)
-    triton_code.backward_kv_kernel[(triton.cdiv(nk, block_n), b * h)](
-        q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_k, grad_v, *strides, *shape, **meta)
-    triton_code.backward_q_kernel[(triton.cdiv(nq, block_m), b * h)](
-        q, k, v, rk, rv, kpm, seed, grad_out, lse, delta, grad_q, ds_mass if rk is not None else None,
-        p_mass if rv is not None else None, *strides, *shape, **meta)
-    return grad_q, grad_k, grad_v, ds_mass, p_mass
+    return backward(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, clip, lo, causal, q_offset,
+                    dropout_p)
 
 
 @_backward_op.register_fake
@@ -134,10 +225,11 @@ def _(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, clip, l
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p = inputs
+    q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p, fallback = inputs
     out, lse = output  # O(N): no (N, N) tensor and no bucket masses are kept
     ctx.save_for_backward(q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse)
     ctx.args = (clip, lo, causal, q_offset, dropout_p)
+    ctx.fallback = fallback
 
 
 def _table_grad(weights: Tensor, x: Tensor, table: Tensor) -> Tensor:
@@ -148,30 +240,60 @@ def _table_grad(weights: Tensor, x: Tensor, table: Tensor) -> Tensor:
 
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse = ctx.saved_tensors
-    grad_q, grad_k, grad_v, ds_mass, p_mass = _backward_op(
-        grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, *ctx.args)
+    try:
+        grad_q, grad_k, grad_v, ds_mass, p_mass = _backward_op(
+            grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, *ctx.args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:  # eager only: a compiled graph launches the op itself (the self-test guards it)
+        if not ctx.fallback:
+            raise
+        return (*_pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, *ctx.args, err),
+                *[None] * 8)
     scale = 1.0 / math.sqrt(q.shape[-1])
     grad_rel_k = None if rel_k is None else _table_grad(ds_mass, q, rel_k) * scale
     grad_rel_v = None if rel_v is None else _table_grad(p_mass, grad_out, rel_v)
-    return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None, None, None
+    return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None, None, None, None
+
+
+def _pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset,
+                        dropout_p, err) -> list:
+    """Gradients of q, k, v and the tables from the PyTorch path (with the kernel's dropout mask), after the
+    backward kernel raised; the case is then kept off the kernel, with one warning."""
+    from nmt.attention import reference_attention
+    from nmt.kernels.dispatch import BACKWARD_FAILED, KernelFallbackWarning, case_of
+
+    case = case_of(q, rel_k, rel_v, (rel_k if rel_k is not None else rel_v).shape[-2], key_padding_mask is not None,
+                   causal, dropout_p)
+    if case not in BACKWARD_FAILED:
+        BACKWARD_FAILED.add(case)
+        warnings.warn(f"fused relative attention backward failed for {case} ({type(err).__name__}: {err}); "
+                      "gradients from the PyTorch path, which serves this case from now on",
+                      KernelFallbackWarning, stacklevel=2)
+    b, h, nq, _ = q.shape
+    keep = None if seed is None else dropout_keep_mask(seed, b, h, nq, k.shape[2], dropout_p)
+    leaves = [None if t is None else t.detach().requires_grad_(True) for t in (q, k, v, rel_k, rel_v)]
+    with torch.enable_grad():
+        out = reference_attention(*leaves, clip, lo, key_padding_mask, causal, q_offset, keep, dropout_p)
+        grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad_out)
+    grads = iter(grads)
+    return [None if t is None else next(grads) for t in leaves]
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def supports(q: Tensor, num_buckets: int) -> bool:
-    """Shapes the kernel handles: head size a tl.dot can tile, the edge window within the register budget."""
-    return 16 <= q.shape[-1] <= 256 and num_buckets <= MAX_BUCKETS
-
-
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None, clip: int,
                        lo: int, key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0,
-                       dropout_p: float = 0.0) -> Tensor:
+                       dropout_p: float = 0.0, seed: Tensor | None = None, fallback: bool = True) -> Tensor:
     """Eq. 3-5 like nmt.attention.relation_aware_attention, with the tables already cut to the window of
-    edge vectors that occurs (rows lo..lo+R-1 of the 2k+1). At least one table must be given."""
-    # drawn on the device (no host sync), and only when there is dropout (decoding and eval launch nothing for it)
-    seed = torch.randint(0, 2**31 - 1, (1,), device=q.device) if dropout_p > 0.0 else None
-    out, _ = _attention_op(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p)
+    edge vectors that occurs (rows lo..lo+R-1 of the 2k+1). At least one table must be given.
+    seed: the dropout draw's (1,) int64 seed; by default drawn on the device (no host sync), and only when there
+    is dropout (decoding and eval launch nothing for it)."""
+    if seed is None and dropout_p > 0.0:
+        seed = torch.randint(0, 2**31 - 1, (1,), device=q.device)
+    out, _ = _attention_op(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p,
+                           fallback)
     return out
 
 

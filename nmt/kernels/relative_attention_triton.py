@@ -5,6 +5,10 @@ BLOCK_N keys, BLOCK_D head dims and BLOCK_R edge vectors (the window rows lo..lo
 import triton
 import triton.language as tl
 
+# Integers that change with every batch (lengths, the edge window, the decoding step). Triton would otherwise
+# specialize on them (== 1, divisible by 16) and compile all three kernels anew for n = 40 after n = 48.
+BATCH_VARYING = ["NQ", "NK", "R", "LO", "Q_OFFSET"]
+
 
 @triton.jit
 def _buckets(dist, CLIP, LO, BLOCK_R: tl.constexpr):
@@ -67,7 +71,7 @@ def _keep(SEED, bh, rows, cols, NQ, NK, dropout_p):
     return tl.rand(seed, (bh * NQ + rows[:, None]) * NK + cols[None, :]) >= dropout_p
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_VARYING)
 def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
              sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, s_rkh, s_rvh, s_ob, s_oh, s_on,
              H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
@@ -75,9 +79,9 @@ def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
              DROPOUT: tl.constexpr, ACC: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
              PREC: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
+    bh = tl.program_id(0).to(tl.int64)  # B * H on grid axis 0 (up to 2**31 - 1); 64-bit offsets past 2**31
     b, h = bh // H, bh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     qpos = rows + Q_OFFSET
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :],
@@ -92,7 +96,7 @@ def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
     mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     end = NK
     if CAUSAL:  # key blocks wholly right of the block's last query are never visible
-        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(0) + 1) * BLOCK_M)
+        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * BLOCK_M)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
@@ -163,7 +167,7 @@ def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
     return q, do, q_edge, do_edge, lse, delta
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_VARYING)
 def backward_kv_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
                  sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, s_rkh, s_rvh,
                  H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
@@ -171,9 +175,9 @@ def backward_kv_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
                  DROPOUT: tl.constexpr, ACC: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
                  PREC: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
+    bh = tl.program_id(0).to(tl.int64)  # B * H on grid axis 0 (up to 2**31 - 1); 64-bit offsets past 2**31
     b, h = bh // H, bh % H
-    start_n = tl.program_id(0) * BLOCK_N
+    start_n = tl.program_id(1) * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
     dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
@@ -198,7 +202,7 @@ def backward_kv_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
     tl.store(DV + (bh * NK + cols[:, None]) * D + dcol[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=BATCH_VARYING)
 def backward_q_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P_MASS,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, s_rkh, s_rvh,
                 H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p,
@@ -206,9 +210,9 @@ def backward_q_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P
                 DROPOUT: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
                 PREC: tl.constexpr):
-    bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets: B * H * N * D may pass 2**31
+    bh = tl.program_id(0).to(tl.int64)  # B * H on grid axis 0 (up to 2**31 - 1); 64-bit offsets past 2**31
     b, h = bh // H, bh % H
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     qpos = rows + Q_OFFSET
     dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     q, do, q_edge, do_edge, lse, delta = _load_query_side(
@@ -219,7 +223,7 @@ def backward_q_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P
     p_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     end = NK
     if CAUSAL:
-        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(0) + 1) * BLOCK_M)
+        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * BLOCK_M)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)

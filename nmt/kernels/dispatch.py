@@ -1,0 +1,224 @@
+"""Which implementation computes relation-aware attention: the PyTorch path or the fused Triton kernel.
+
+The backend is configuration, chosen once per job (`train.attention`, translate's `attention`: auto | torch |
+triton; the RELNMT_ATTENTION environment variable maps onto auto) and held by the model's attention layers:
+- torch: the PyTorch path everywhere (the reference; benchmarks compare against it);
+- triton: the kernel wherever its shapes fit, unchecked and without fallback (on a CPU it needs
+  TRITON_INTERPRET=1: the tests run whole models through the kernel that way);
+- auto (default): the kernel serves a configuration (a Case: dtype, head size, edge-window class, causal,
+  dropout, which tables, per-head or shared, padding, decoding tiles) on a device only after a self-test there
+  passed: a small forward and backward against the PyTorch path (`self_test`). A failure, an exception or a
+  mismatch, gives one warning naming the case and the cause, and the PyTorch path for that case only.
+  The trainer checks its model's cases before torch.compile traces and, under DDP, all ranks adopt the same
+  verdicts (one all-reduce); elsewhere an unchecked case is tested on its first eager use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import warnings
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from nmt.config import Attention, ConfigError, ModelConfig, Position
+
+log = logging.getLogger("nmt.kernels")
+
+# What auto sends to the kernel, from the compiles for sm_90 and sm_80 (python -m nmt.kernels.resources): half
+# precision with heads of 33 to 128 (every preset has 64). fp32 goes to the PyTorch path (its IEEE tl.dot
+# spilled kilobytes per thread), and so do heads of 32 or less (their dQ kernel spilled 16-40 bytes on sm_90).
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+SUPPORTED_HEAD_DIMS = (64, 128)  # register blocks: a head size compiles as the next power of two >= 16
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (slow)
+
+# A case passes when, for the output and every gradient, the kernel's largest error against the PyTorch path in
+# float64 is at most twice the PyTorch path's own error in the case's dtype plus this share of the largest value.
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4, torch.float64: 1e-8}
+
+
+class KernelFallbackWarning(UserWarning):
+    """The fused kernel failed its self-test (or a launch) for one case: that case runs the PyTorch path."""
+
+
+class Case(NamedTuple):
+    """What selects a compiled variant of the kernel; the unit of the self-test."""
+
+    device: str
+    dtype: torch.dtype
+    head_dim: int
+    buckets_block: int  # edge vectors held per row: the next power of two >= 16 of the window R
+    causal: bool
+    dropout: bool
+    key_table: bool
+    value_table: bool
+    shared: bool  # one table for every head
+    padding: bool  # a key padding mask
+    decoding: bool  # at most 16 queries: the small-row tiles
+
+    def __str__(self) -> str:
+        tables = "+".join(name for name, on in (("a^K", self.key_table), ("a^V", self.value_table)) if on)
+        flags = [name for name, on in (("causal", self.causal), ("dropout", self.dropout), ("shared", self.shared),
+                                       ("padding", self.padding), ("decoding", self.decoding)) if on]
+        return (f"{str(self.dtype).removeprefix('torch.')} head {self.head_dim}, {self.buckets_block} buckets, "
+                f"{tables}{', ' + ', '.join(flags) if flags else ''} on {self.device}")
+
+
+def case_of(q: Tensor, rel_k, rel_v, buckets: int, padding: bool, causal: bool, dropout_p: float) -> Case:
+    from nmt.kernels.relative_attention import buckets_block
+
+    table = rel_k if rel_k is not None else rel_v
+    return Case(q.device.type, q.dtype, int(q.shape[-1]), buckets_block(buckets), causal, dropout_p > 0.0,
+                rel_k is not None, rel_v is not None, table.dim() == 2, padding, q.shape[2] <= 16)
+
+
+# Cases whose backward kernel raised after passing the self-test (the op then computed the gradients on the
+# PyTorch path): from then on auto sends them to the PyTorch path in this process.
+BACKWARD_FAILED: set[Case] = set()
+
+
+def resolve(configured: Attention | str) -> Attention:
+    """The configured backend; RELNMT_ATTENTION, if set, stands in for auto."""
+    value = str(getattr(configured, "value", configured))
+    if value == Attention.auto.value and os.environ.get("RELNMT_ATTENTION"):
+        value = os.environ["RELNMT_ATTENTION"]
+    try:
+        return Attention(value)
+    except ValueError:
+        raise ConfigError(f"attention={value!r} (or RELNMT_ATTENTION) is invalid: it must be auto, torch or triton")
+
+
+class AttentionBackend:
+    """The choice of implementation for one job, and under auto the verdict of each case's self-test."""
+
+    def __init__(self, mode: Attention | str = Attention.auto, devices: tuple[str, ...] = ("cuda",),
+                 dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES, head_dims: tuple[int, ...] = SUPPORTED_HEAD_DIMS):
+        self.mode = resolve(mode)
+        # where auto may use the kernel (the tests add the CPU: the interpreter, in float64, with small heads)
+        self.devices, self.dtypes, self.head_dims = devices, dtypes, head_dims
+        self.verdicts: dict[Case, bool] = {}
+        self.lazy = True  # test unchecked cases on first eager use (off under DDP: ranks must agree)
+
+    def case(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool, dropout_p: float
+             ) -> Case | None:
+        """The call's case, or None where auto cannot use the kernel at all."""
+        from nmt.kernels.relative_attention import MAX_BUCKETS, fits_grid, head_block
+
+        if (q.device.type not in self.devices or not TRITON_INSTALLED or q.dtype not in self.dtypes
+                or head_block(q.shape[-1]) not in self.head_dims or buckets > MAX_BUCKETS
+                or not fits_grid(q.shape[0], q.shape[1], max(q.shape[2], 1))):
+            return None
+        return case_of(q, rel_k, rel_v, buckets, key_padding_mask is not None, causal, dropout_p)
+
+    def use_kernel(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool,
+                   dropout_p: float) -> bool:
+        if self.mode is not Attention.auto:
+            return self.mode is Attention.triton
+        case = self.case(q, rel_k, rel_v, buckets, key_padding_mask, causal, dropout_p)
+        if case is None or case in BACKWARD_FAILED:
+            return False
+        verdict = self.verdicts.get(case)
+        if verdict is None:
+            if torch.compiler.is_compiling() or not self.lazy:
+                return False  # never tested here: the PyTorch path, the same on every rank
+            verdict = self.check([case], q.device)[case]
+        return verdict
+
+    def check(self, cases: list[Case], device: torch.device, group=None) -> dict[Case, bool]:
+        """Self-test each case not yet judged on `device`; under torch.distributed every rank must pass the same
+        cases in the same order, and all adopt a case only if it passed on every rank."""
+        todo = [case for case in dict.fromkeys(cases) if case not in self.verdicts and case.device in self.devices]
+        if self.mode is Attention.auto and todo:
+            causes = [self_test(case, device) for case in todo]
+            passed = torch.tensor([cause is None for cause in causes], dtype=torch.int32, device=device)
+            if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
+                torch.distributed.all_reduce(passed, torch.distributed.ReduceOp.MIN, group=group)
+            for case, cause, ok in zip(todo, causes, passed.tolist()):
+                self.verdicts[case] = bool(ok)
+                if not ok:
+                    self.fall_back(case, cause or "failed on another rank")
+        return {case: self.verdicts.get(case, self.mode is Attention.triton) for case in cases}
+
+    def fall_back(self, case: Case, cause: str) -> None:
+        self.verdicts[case] = False
+        warnings.warn(f"fused relative attention off for {case}: {cause}; using the PyTorch path for it",
+                      KernelFallbackWarning, stacklevel=3)
+
+
+def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, training: bool) -> list[Case]:
+    """Every case a Transformer's relative self-attention can meet: the encoder (padding) and the decoder
+    (causal), each edge-window class its lengths can reach, with dropout (training) and without (evaluation,
+    decoding), more and at most 16 queries."""
+    from nmt.kernels.relative_attention import MAX_BUCKETS, buckets_block
+
+    if cfg.position not in (Position.relative, Position.both) or not (cfg.rel_key or cfg.rel_value):
+        return []
+    widest = min(2 * cfg.clip + 1, MAX_BUCKETS)
+    blocks = sorted({buckets_block(r) for r in range(1, widest + 1)})
+    d = cfg.d_model // cfg.heads
+    cases = []
+    for block in blocks:
+        for causal in (False, True):
+            for use_dropout in sorted({cfg.dropout > 0.0 and training, False}):
+                for small in (False, True):  # at most 16 queries (decoding; short batches) take 16-row tiles
+                    cases.append(Case(device.type, dtype, d, block, causal, use_dropout, cfg.rel_key, cfg.rel_value,
+                                      cfg.share_heads, not causal, small))
+    return cases
+
+
+def self_test(case: Case, device: torch.device) -> str | None:
+    """Forward and backward of a small problem of this case through the kernel and through the PyTorch path;
+    None if the kernel agrees (within TOLERANCE), else what went wrong."""
+    from nmt.attention import reference_attention
+    from nmt.kernels import relative_attention as kernel
+
+    g = torch.Generator().manual_seed(0)
+    clip = (case.buckets_block - 1) // 2  # every bucket of the register block in use
+    nk = clip + 18  # more than 16 queries: the training tiles
+    nq = 1 if case.decoding else nk
+    b, h, d = 2, 3, case.head_dim
+    q_offset = nk - nq if case.decoding else 0
+    table_shape = (2 * clip + 1, d) if case.shared else (h, 2 * clip + 1, d)
+    inputs = [torch.randn(*shape, generator=g, dtype=torch.float64)
+              for shape in ((b, h, nq, d), (b, h, nk, d), (b, h, nk, d), table_shape, table_shape)]
+    inputs[3] = inputs[3] if case.key_table else None
+    inputs[4] = inputs[4] if case.value_table else None
+    pad = None
+    if case.padding:
+        pad = torch.zeros(b, nk, dtype=torch.bool, device=device)
+        pad[1, nk - 5:] = True
+    dropout_p = 0.25 if case.dropout else 0.0
+    weight = torch.randn(b, h, nq, d, generator=g, dtype=torch.float64).to(device)
+
+    def run(fn, dtype):
+        leaves = [None if t is None else t.to(device, dtype).requires_grad_(True) for t in inputs]
+        out = fn(*leaves)
+        (out.double() * weight).sum().backward()
+        return [out.detach().double()] + [t.grad.double() for t in leaves if t is not None]
+
+    try:
+        seed = torch.tensor([12345], device=device) if case.dropout else None
+        keep = kernel.dropout_keep_mask(seed, b, h, nq, nk, dropout_p) if case.dropout else None
+        got = run(lambda q, k, v, rk, rv: kernel.relative_attention(
+            q, k, v, rk, rv, clip, 0, pad, case.causal, q_offset, dropout_p, seed, fallback=False), case.dtype)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:  # a compile or launch this device cannot do
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+    def reference(q, k, v, rk, rv):
+        return reference_attention(q, k, v, rk, rv, clip, 0, pad, case.causal, q_offset, keep, dropout_p)
+
+    want, baseline = run(reference, torch.float64), run(reference, case.dtype)
+    names = ["output"] + [f"grad {n}" for n, t in zip(("q", "k", "v", "a^K", "a^V"), inputs) if t is not None]
+    for name, x, ref, base in zip(names, got, want, baseline):
+        scale = ref.abs().max().clamp_min(1e-30)
+        error, allowed = (x - ref).abs().max() / scale, 2 * (base - ref).abs().max() / scale + TOLERANCE[case.dtype]
+        if not bool(error <= allowed):  # also catches NaN
+            return f"{name} off by {float(error):.3g} of its largest value (allowed {float(allowed):.3g})"
+    return None

@@ -17,7 +17,7 @@ DATA ?= wmt14_en_de
 EXTRA ?=
 
 .PHONY: table1 table2 table3 length-study plots install test demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
-        ablate-k ablate-kv bench check-nproc
+        ablate-k ablate-kv bench check-nproc check-kernels
 
 install: .venv/installed
 .venv/installed: pyproject.toml
@@ -102,6 +102,10 @@ length-study: install
 plots: install
 	$(PY) scripts/results_table.py --readme README.md
 	$(PY) scripts/plot_curves.py table1 table2 table3 length
+
+# The fused kernel compiled for sm_90 and sm_80 without a GPU: fails on register spills or shared memory over the limit.
+check-kernels: install
+	TRITON_INTERPRET= $(PY) -m nmt.kernels.resources --output results/kernels/resources.json
 
 bench: install
 	$(PY) scripts/bench_attention.py

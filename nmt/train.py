@@ -216,6 +216,12 @@ class Trainer:
             log.info("saved %s", path)
         self.saved_step = self.step
 
+    def check_attention(self) -> None:
+        """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
+        serves only the cases that passed on every rank (nmt/kernels/dispatch.py)."""
+        cases = model_cases(self.job.model, self.amp_dtype or torch.float32, self.env.device, training=True)
+        self.attention.check(cases, self.env.device)
+
     # -- data ----------------------------------------------------------------------------------
     def micro_batches(self):
         """Endless stream of (epoch, position after it, batch) for this rank, from the saved data position.
@@ -332,9 +338,7 @@ class Trainer:
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         self.resume()
         cfg, env = self.cfg, self.env
-        # before torch.compile traces: the kernel serves only the cases that passed on every rank
-        self.attention.check(model_cases(self.job.model, self.amp_dtype or torch.float32, env.device, training=True),
-                             env.device)
+        self.check_attention()
         if env.main:
             from torch.utils.tensorboard import SummaryWriter
 

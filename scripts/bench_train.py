@@ -44,6 +44,7 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
                           "train.update_freq=1", f"train.compile={str(compile_model).lower()}", "train.seed=0",
                           f"train.max_steps={10 * steps}", f"train.output_dir={tempfile.mkdtemp()}"])
     trainer = Trainer(job, setup_env(job.train))  # CPU: the trainer's threads and heap settings too
+    trainer.check_attention()  # as nmt.train does before compiling: the fused kernel where its self-test passed
     dev = trainer.env.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     stream = Prefetcher(trainer.micro_batches(), depth=2, pin_memory=dev.type == "cuda")

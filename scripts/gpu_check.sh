@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU session: CUDA correctness of the fused kernel, the attention and training benchmarks,
-# and a short real training run, each writing under OUT (default results/gpu/). Runs in about 6 minutes on one H200.
+# and a short real training run, each writing under OUT (default results/gpu/). Runs in about 8 minutes on one H200.
 #
 #   scripts/gpu_check.sh [OUT]
 #
@@ -25,6 +25,12 @@ step "machine" | tee "$out/machine.txt"
 { nvidia-smi -L; $py -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; } \
     2>&1 | tee -a "$out/machine.txt"
 
+step "kernel resources on this triton (sm_90 and sm_80, no spills, shared memory within the limit)"
+$py -m nmt.kernels.resources --jobs 16 --output "$out/kernel_resources.json" 2>&1 | tail -60 | tee "$out/kernel_resources.txt"
+
+step "the kernel's GPU questions: head 64/128/256 in bf16 and fp32, B*H > 65,535, a bf16 base step, n_spills"
+$py scripts/gpu_questions.py --output "$out/questions.json" 2>&1 | tee "$out/questions.txt"
+
 step "kernel and attention tests on CUDA"
 $py -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_attention.py 2>&1 | tail -15 | tee "$out/tests.txt"
 
@@ -44,4 +50,10 @@ $py -m nmt.train model=base data=multi30k_en_de train.device=cuda train.precisio
     train.update_freq=1 train.max_steps=300 train.log_every=50 train.save_every_steps=100000 train.valid_every=100000 \
     train.output_dir="$out/trainer_base" 2>&1 | tail -12 | tee "$out/trainer_base.txt"
 rm -f "$out"/trainer_base/*.pt
+
+step "decoding: fp32 vs bf16 autocast (what nmt.translate precision=auto picks on a GPU)"
+for precision in fp32 bf16; do
+    $py scripts/bench_decode.py --device cuda --precision $precision --output "$out/bench_decode_$precision.json" \
+        2>&1 | tee "$out/bench_decode_$precision.txt"
+done
 step "done"

@@ -329,3 +329,37 @@ def test_whole_model_through_the_kernel(share_heads):
                 torch.testing.assert_close(incremental_logits(model.eval(), src, tgt), logits.detach(), **TOL)
     for got, want in zip(results["triton"], results["torch"]):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def _check_on_rank(rank: int, port: int, out_dir: str) -> None:
+    import json
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+    cases = [dispatch.Case("cpu", torch.float64, 16, 16, causal, False, True, True, False, not causal, False)
+             for causal in (False, True)]
+    # rank 1's kernel fails the first case only; the real self-test is what the other tests exercise
+    dispatch.self_test = lambda case, device: "simulated mismatch" if rank == 1 and case == cases[0] else None
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        verdicts = AttentionBackend("auto", devices=("cpu",), dtypes=(torch.float64,)).check(cases, torch.device("cpu"))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
+        {"verdicts": [verdicts[c] for c in cases], "warnings": len(fallback_warnings(record))}))
+    dist.destroy_process_group()
+
+
+def test_ranks_adopt_a_case_only_if_it_passed_on_every_rank(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_check_on_rank, args=(port, str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result == {"verdicts": [False, True], "warnings": 1}  # one warning per rank for the failed case

@@ -1,7 +1,11 @@
 """Checkpoints: atomic save, safe load (weights_only), resume lookup, and averaging.
 
-A checkpoint is a dict of tensors and plain containers: "model" (state_dict), "optimizer",
-"scaler", "step", "epoch", "batch" (data position), "rng", "config" (resolved, plain).
+A checkpoint is a dict of tensors and plain containers. What a run writes in its output folder:
+- checkpoint_<update>.pt: what averaging and decoding need, "model" (state_dict), "config" (resolved, plain),
+  "vocab", "step": a third of the full state (no Adam moments);
+- checkpoint_last.pt: the whole training state, for resuming: also "optimizer", "scaler", "epoch", "batch"
+  (data position), "rng" (one entry per rank);
+- checkpoint_prev.pt: the whole state of the save before, so a damaged checkpoint_last.pt still resumes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 log = logging.getLogger(__name__)
 
 LAST = "checkpoint_last.pt"
+PREVIOUS = "checkpoint_prev.pt"
+WEIGHTS = ("model", "config", "vocab", "step")  # what a numbered checkpoint keeps
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
@@ -61,33 +67,40 @@ def numbered_checkpoints(directory: str | Path) -> list[Path]:
 
 
 def save_numbered(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:
-    """checkpoint_<step>.pt, checkpoint_last.pt (a hard link to it) and pruning to keep_last."""
+    """checkpoint_<step>.pt (the weights), checkpoint_last.pt (the whole state; the one before it becomes
+    checkpoint_prev.pt) and pruning to keep_last numbered checkpoints. A write that fails (a full disk) raises
+    OSError and leaves every earlier file as it was."""
     directory = Path(directory)
     path = directory / f"checkpoint_{step:07d}.pt"
-    save_checkpoint(state, path)
-    link = directory / f".{LAST}.tmp-{os.getpid()}"
-    link.unlink(missing_ok=True)
+    save_checkpoint({key: state[key] for key in WEIGHTS if key in state}, path)
+    staged = directory / f".{LAST}.new"
     try:
-        os.link(path, link)
-    except OSError:  # file systems without hard links
-        save_checkpoint(state, link)
-    os.replace(link, directory / LAST)
+        save_checkpoint(state, staged)
+        if (directory / LAST).exists():
+            os.replace(directory / LAST, directory / PREVIOUS)
+        os.replace(staged, directory / LAST)
+    finally:
+        staged.unlink(missing_ok=True)
     for old in numbered_checkpoints(directory)[:-keep_last] if keep_last > 0 else []:
         old.unlink()
     return path
 
 
 def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
-    """checkpoint_last.pt, or else the newest numbered checkpoint that loads (a truncated one is skipped)."""
+    """The newest whole training state that loads: checkpoint_last.pt, else checkpoint_prev.pt, else a numbered
+    checkpoint that carries one (written before numbered checkpoints kept only the weights)."""
     directory = Path(directory)
-    candidates = [directory / LAST] + numbered_checkpoints(directory)[::-1]
+    candidates = [directory / LAST, directory / PREVIOUS] + numbered_checkpoints(directory)[::-1]
     for path in candidates:
         if not path.exists():
             continue
         try:
-            return path, load_checkpoint(path)
+            state = load_checkpoint(path)
         except CheckpointError as err:
             log.warning("skipping %s", err)
+            continue
+        if "optimizer" in state:
+            return path, state
     return None
 
 

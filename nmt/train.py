@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -137,7 +140,7 @@ class UpdateStats:
     lr: float
     grad_norm: float
     tokens: int
-    stop: bool  # some rank ran out of train.max_minutes
+    stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1; "time": some rank ran out of train.max_minutes
     skipped: bool = False  # non-finite loss, or an fp16 overflow: the step counter did not move
 
     def scalars(self) -> dict:
@@ -175,16 +178,22 @@ class Trainer:
         self.bad_updates = 0
         self.saved_step = -1
         self.writer = None
+        self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
+        self.start_time = time.monotonic()
 
     # -- state ---------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def rng_state(self) -> dict:
         rng = {"torch": torch.get_rng_state()}
         if self.env.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.env.device)
+        return rng
+
+    def state_dict(self, rng: list[dict] | None = None) -> dict:
+        """The whole training state; rng: every rank's generator states, by rank (default: this process's)."""
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
-            "rng": rng, "world_size": self.env.world_size,
+            "rng": rng or [self.rng_state()], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.spm_model), dtype=torch.uint8),
             "config": OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True),
         }
@@ -194,12 +203,15 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
-        torch.set_rng_state(state["rng"]["torch"])
-        if "cuda" in state["rng"] and self.env.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.env.device)
         if state["world_size"] != self.env.world_size:
             log.warning("resuming a %d-process run on %d processes: the data order changes from here",
                         state["world_size"], self.env.world_size)
+        rng = state["rng"]
+        if isinstance(rng, list):  # one entry per rank: each rank continues its own dropout streams
+            rng = rng[self.env.rank] if len(rng) == self.env.world_size else rng[0]
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.env.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.env.device)
 
     def resume(self) -> None:
         found = latest_usable(self.out)
@@ -210,11 +222,27 @@ class Trainer:
         self.saved_step = self.step
         log.info("resumed from %s at update %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_index)
 
-    def save(self) -> None:
+    def save(self, final: bool = False) -> None:
+        """Every rank takes part (its generator states go into the checkpoint); rank 0 writes. A failed write
+        (a full disk) leaves every earlier checkpoint as it was: one error line, and training goes on to the next
+        save; the final save raises instead."""
+        rng = [self.rng_state()]
+        if self.env.world_size > 1:
+            rng = [None] * self.env.world_size
+            dist.all_gather_object(rng, self.rng_state())
+        resumable = self.saved_step
+        self.saved_step = self.step  # on every rank alike, whatever the write does: the ranks' paths never part
         if self.env.main:
-            path = save_numbered(self.state_dict(), self.out, self.step, self.cfg.keep_last)
+            try:
+                path = save_numbered(self.state_dict(rng), self.out, self.step, self.cfg.keep_last)
+            except OSError as err:
+                message = (f"could not save update {self.step} in {self.out} ({err.strerror or err}); the earlier "
+                           f"checkpoints are intact (resumable from update {max(resumable, 0)})")
+                if final:
+                    raise CheckpointError(message) from None
+                log.error("%s; training goes on and tries again at the next save", message)
+                return
             log.info("saved %s", path)
-        self.saved_step = self.step
 
     def check_attention(self) -> None:
         """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
@@ -250,7 +278,7 @@ class Trainer:
             logits = model(batch.src, batch.tgt_in)
         return smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
 
-    def update(self, batches: list, out_of_time: bool) -> UpdateStats:
+    def update(self, batches: list, out_of_time: bool, signalled: bool = False) -> UpdateStats:
         """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks.
 
         The host waits for the device once: the loss sums, the gradient norm and the stop flag come back
@@ -266,7 +294,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        sums = torch.zeros(4, device=env.device)  # loss, nll, local tokens, stop
+        sums = torch.zeros(5, device=env.device)  # loss, nll, local tokens, out of time, signalled
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or env.world_size == 1 else self.data_parallel.no_sync()
@@ -276,14 +304,15 @@ class Trainer:
                 self.scaler.scale(loss * (env.world_size / tokens)).backward()
             sums[0] += loss.detach()
             sums[1] += nll.detach()
-        sums[2], sums[3] = local_tokens, float(out_of_time)
+        sums[2], sums[3], sums[4] = local_tokens, float(out_of_time), float(signalled)
         if env.world_size > 1:
             dist.all_reduce(sums)
         self.scaler.unscale_(self.optimizer)
         clip = self.job.optim.clip_norm if self.job.optim.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        loss_sum, nll_sum, all_tokens, stop, grad_norm = torch.cat([sums, grad_norm.float()[None]]).tolist()
-        stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop > 0)
+        loss_sum, nll_sum, all_tokens, late, signal, grad_norm = torch.cat([sums, grad_norm.float()[None]]).tolist()
+        stop = "signal" if signal > 0 else "time" if late > 0 else None
+        stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop)
         overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)
         if not math.isfinite(loss_sum):
             self.bad_updates += 1
@@ -306,8 +335,16 @@ class Trainer:
         return stats
 
     # -- validation ----------------------------------------------------------------------------
-    @torch.no_grad()
     def validate(self) -> dict:
+        """Validation loss (every rank) and greedy BLEU (rank 0, while the others wait at the next collective:
+        a few seconds for valid_bleu_sentences, with the decoding bounded per line)."""
+        stats = self.validation_loss()
+        if self.env.main and self.cfg.valid_bleu_sentences > 0:
+            stats["bleu_greedy"] = self.valid_bleu(self.cfg.valid_bleu_sentences)
+        return stats
+
+    @torch.no_grad()
+    def validation_loss(self) -> dict:
         self.model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.env.device)  # loss, nll, tokens
         for _, batch in epoch_batches(self.valid_data, self.cfg.max_tokens, 0, 0, self.env.rank, self.env.world_size):
@@ -316,10 +353,7 @@ class Trainer:
         if self.env.world_size > 1:
             dist.all_reduce(sums)
         loss_sum, nll_sum, tokens = sums.tolist()
-        stats = {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
-        if self.env.main and self.cfg.valid_bleu_sentences > 0:
-            stats["bleu_greedy"] = self.valid_bleu(self.cfg.valid_bleu_sentences)
-        return stats
+        return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
 
     def valid_bleu(self, sentences: int) -> float:
         """sacreBLEU of greedy translations of the first validation sentences (a progress signal only)."""
@@ -332,7 +366,10 @@ class Trainer:
         return BLEU().corpus_score(hyps, [refs]).score
 
     # -- the loop ------------------------------------------------------------------------------
-    def train(self) -> None:
+    def train(self) -> str:
+        """The updates, with checkpoints and validation on the way; every rank takes part throughout. Returns
+        "done", or "signal" when SIGTERM/SIGUSR1 stopped it (after a complete checkpoint, on every rank at the
+        same update). What only rank 0 does at the end (averaging) is left to finish(), outside the group."""
         self.out.mkdir(parents=True, exist_ok=True)
         if self.env.main:
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
@@ -348,31 +385,45 @@ class Trainer:
                  ", torch.compile" if self.train_model is not self.data_parallel else "",
                  f"{count_parameters(self.model):,}", cfg.max_tokens * cfg.update_freq * env.world_size)
         stream = Prefetcher(self.micro_batches(), depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
-        start = time.monotonic()
+        self.start_time = time.monotonic()
         try:
-            validated = self.run_updates(stream)
+            with stop_signals() as signals:
+                stopped, validated = self.run_updates(stream, signals)
         finally:
             stream.close()
         if self.saved_step != self.step:
-            self.save()
+            self.save(final=True)
+        if stopped == "signal":
+            return "signal"
         if validated != self.step:
-            self.log_scalars("valid", self.validate())
-        if env.main and cfg.average_last > 0:
+            self.final_valid = self.validation_loss()
+        return "done"
+
+    def finish(self) -> None:
+        """Rank 0 alone, after the process group is gone: the last validation BLEU and the checkpoint average
+        (20 big checkpoints on a slow file system) cannot trip a collective timeout on the other ranks."""
+        cfg = self.cfg
+        if self.final_valid is not None:
+            if cfg.valid_bleu_sentences > 0:
+                self.final_valid["bleu_greedy"] = self.valid_bleu(cfg.valid_bleu_sentences)
+            self.log_scalars("valid", self.final_valid)
+        if cfg.average_last > 0:
             paths = numbered_checkpoints(self.out)[-cfg.average_last:]
             log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))
-        log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - start) / 60)
+        log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - self.start_time) / 60)
 
-    def run_updates(self, stream) -> int:
-        """Updates until train.max_steps (or max_minutes); logs, validates and saves on the way.
-        Returns the update at which validation last ran."""
+    def run_updates(self, stream, signals: dict) -> tuple[str | None, int]:
+        """Updates until train.max_steps, train.max_minutes or a stop signal; logs, validates and saves on the way.
+        Returns why it stopped early (None, "time" or "signal") and the update at which validation last ran."""
         cfg = self.cfg
         start = last_save = last_log = time.monotonic()
         tokens_since_log, validated = 0, -1
         bar = tqdm(total=cfg.max_steps, initial=self.step, unit="upd", disable=not self.env.main, dynamic_ncols=True,
                    mininterval=0.5 if sys.stderr.isatty() else 60)
+        stats = None
         while self.step < cfg.max_steps:
             out_of_time = cfg.max_minutes > 0 and time.monotonic() - start > cfg.max_minutes * 60
-            stats = self.update(self.next_micro_batches(stream), out_of_time)
+            stats = self.update(self.next_micro_batches(stream), out_of_time, signals["received"] is not None)
             if stats.skipped:
                 if stats.stop:
                     break
@@ -386,18 +437,24 @@ class Trainer:
                 self.log_scalars("train", scalars)
                 bar.set_postfix(loss=f"{stats.loss:.3f}", ppl=f"{scalars['ppl']:.1f}",
                                 tok_s=f"{scalars['tokens_per_s']:.0f}", lr=f"{stats.lr:.2e}")
-            if cfg.valid_every and self.step % cfg.valid_every == 0:
+            if cfg.valid_every and self.step % cfg.valid_every == 0 and not stats.stop:
                 self.log_scalars("valid", self.validate())
                 validated = self.step
             due_by_time = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
             if self.step % cfg.save_every_steps == 0 or due_by_time or stats.stop:
-                self.save()
+                self.save(final=stats.stop is not None)
                 last_save = time.monotonic()
             if stats.stop:
-                log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
                 break
         bar.close()
-        return validated
+        stop = stats.stop if stats is not None else None
+        if stop == "time":
+            log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
+        elif stop == "signal":
+            log.warning("stopped by %s at update %d with a complete checkpoint in %s: run the same command again to "
+                        "continue (exit code %d)", signals["received"] or "a signal on another rank", self.step,
+                        self.out, EXIT_STOPPED)
+        return stop, validated
 
     def log_scalars(self, prefix: str, stats: dict) -> None:
         if not self.env.main:
@@ -419,21 +476,57 @@ def setup_logging(out: Path, main: bool) -> None:
     logging.captureWarnings(True)  # e.g. the fused kernel's fallback warnings, into train.log too
 
 
+class TrainingStopped(Exception):
+    """SIGTERM or SIGUSR1 ended the run after a complete checkpoint; the same command continues it."""
+
+
+# What nmt.train exits with: 0 done; 2 bad input, config or checkpoint (one line, no traceback); EXIT_STOPPED
+# stopped by SIGTERM/SIGUSR1 with a complete checkpoint saved (EX_TEMPFAIL: run the same command again).
+EXIT_STOPPED = 75
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """SIGTERM (SLURM before a time limit or preemption; torchrun passes it on) and SIGUSR1 (`#SBATCH
+    --signal=USR1@120`) only raise a flag: the run ends after the current update, on every rank at the same one."""
+    state = {"received": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield state
+        return
+
+    def handler(signum, _frame):
+        state["received"] = signal.Signals(signum).name
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield state
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def run(job: TrainJob) -> Path:
+    """Prepare (rank 0), train (every rank), then average (rank 0, after the process group is gone).
+    Raises TrainingStopped when a signal ended the run early."""
     job.check()
     env = setup_env(job.train)
     setup_logging(Path(job.train.output_dir), env.main)
     try:
+        if env.world_size > 1:  # the others wait for rank 0's prepare (hours on a first WMT14 run) without timing out
+            patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
         if env.main:
             prepare(job.data)  # a no-op when the prepared data is up to date
         if env.world_size > 1:
-            dist.barrier()
-        Trainer(job, env).train()
-        if env.world_size > 1:
-            dist.barrier()  # rank 0 finishes last (validation BLEU, averaging); wait before tearing down
+            dist.barrier(group=patient)
+        trainer = Trainer(job, env)
+        status = trainer.train()
     finally:
         if env.world_size > 1:
             dist.destroy_process_group()
+    if status == "signal":
+        raise TrainingStopped(f"stopped at update {trainer.step}")
+    if env.main:
+        trainer.finish()
     return Path(job.train.output_dir)
 
 
@@ -450,6 +543,8 @@ def main(cfg) -> None:
         sys.exit(2)
     try:
         run(job)
+    except TrainingStopped:
+        sys.exit(EXIT_STOPPED)
     except (ConfigError, DataError, CheckpointError, FloatingPointError) as err:
         log.error("%s", err)
         sys.exit(2)

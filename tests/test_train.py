@@ -10,7 +10,7 @@ import torch
 
 from nmt import train as train_module
 from nmt.average import main as average_main
-from nmt.checkpoint import (CheckpointError, LAST, average_checkpoints, latest_usable, load_checkpoint,
+from nmt.checkpoint import (LAST, PREVIOUS, CheckpointError, average_checkpoints, latest_usable, load_checkpoint,
                             numbered_checkpoints, save_checkpoint)
 from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
@@ -147,7 +147,7 @@ def test_truncated_checkpoint_is_reported_and_resume_falls_back(prepared, tmp_pa
     with pytest.raises(CheckpointError, match=f"{LAST}: not a usable checkpoint"):
         load_checkpoint(last)
     path, state = latest_usable(tmp_path)
-    assert path.name == "checkpoint_0000002.pt" and state["step"] == 2
+    assert path.name == PREVIOUS and state["step"] == 2  # the whole state of the save before
     run(job(prepared, tmp_path, max_steps=4))  # auto-resume from update 2 and finish
     assert load_checkpoint(tmp_path / LAST)["step"] == 4
 

@@ -30,10 +30,9 @@ from tqdm import tqdm
 from nmt.checkpoint import CheckpointError, latest_usable, numbered_checkpoints, save_numbered, write_average
 from nmt.config import ConfigError, OptimConfig, Precision, Schedule, TrainConfig, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, epoch_batches
-from nmt.data.pipeline import load_manifest, prepare, prepared_dir
+from nmt.data.pipeline import load_manifest, open_split, prepare, prepared_dir
 from nmt.data.readers import DataError, read_lines
 from nmt.data.vocab import Vocab
-from nmt.data.shards import EncodedSplit
 from nmt.kernels.dispatch import AttentionBackend, model_cases
 from nmt.model import PAD, Transformer, count_parameters
 from nmt.translate import translate_lines
@@ -159,8 +158,8 @@ class Trainer:
         self.vocab_size = manifest["vocab_size"]
         self.data_dir = data_dir  # validation BLEU reads its raw sentences
         self.spm_model = (data_dir / "spm.model").read_bytes()  # checkpoints carry their vocabulary
-        self.train_data = EncodedSplit(data_dir, "train", self.vocab_size)
-        self.valid_data = EncodedSplit(data_dir, "valid", self.vocab_size)
+        self.train_data = open_split(data_dir, manifest, "train")  # DataError if damaged since prepare
+        self.valid_data = open_split(data_dir, manifest, "valid")
         torch.manual_seed(self.cfg.seed)
         self.attention = AttentionBackend(self.cfg.attention)
         self.attention.lazy = env.world_size == 1  # under DDP only the cases checked together below

@@ -2,8 +2,9 @@
 
 Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
 exactly one output line per input line, in input order. Empty or whitespace-only lines give
-empty lines. A model with absolute (sinusoid) positions truncates lines longer than its table, with a
-warning, never dropping them; a relative-position model has no such limit and reads them whole.
+empty lines. A line longer than max_input_tokens subword tokens (default 1,024, as fairseq's
+--max-source-positions) is cut to that length with a warning naming it, never dropped, so one stray paragraph or
+binary blob costs bounded time; a model with absolute (sinusoid) positions also cuts at its table's length.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class DecodeJob:
     output: Optional[str] = None  # default: stdout
     max_extra: int = 50  # longest output = source length + max_extra
     max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
+    max_input_tokens: int = 1024  # longer input lines are cut to this many subword tokens, with a warning
     device: str = "auto"
     precision: Precision = Precision.auto  # auto: bf16 autocast on a GPU that has it, else fp32
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
@@ -54,6 +56,7 @@ class DecodeJob:
         require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
         require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
         require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
+        require(self.max_input_tokens >= 1, "max_input_tokens", self.max_input_tokens, ">= 1")
         require(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"), "device", self.device,
                 "auto, cpu, cuda or cuda:N")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
@@ -81,19 +84,22 @@ def load_translator(checkpoint: str | Path, device: torch.device,
     return model.to(device).eval(), vocab
 
 
-def input_limit(model: Transformer, max_extra: int) -> int | None:
-    """Longest source (tokens, EOS excluded) whose output still fits the sinusoid table; None when the
-    model has no absolute positions (relative or none): relative distances are clipped, never out of range."""
-    if model.cfg.position not in (Position.absolute, Position.both):
-        return None
-    return model.cfg.max_positions - max_extra - 1
+def input_limit(model: Transformer, max_extra: int, max_input_tokens: int | None = None) -> int | None:
+    """Longest source (tokens, EOS excluded) decoded: max_input_tokens, and for a model with absolute positions
+    the longest whose output still fits the sinusoid table (relative distances are clipped, never out of range).
+    None: no limit."""
+    limits = [max_input_tokens] if max_input_tokens is not None else []
+    if model.cfg.position in (Position.absolute, Position.both):
+        limits.append(model.cfg.max_positions - max_extra - 1)
+    return min(limits) if limits else None
 
 
 def encode_lines(vocab: Vocab, lines: list[str], limit: int | None) -> list[list[int]]:
     ids = vocab.encode([line.strip() for line in lines])
     for number, row in enumerate(ids, 1):
         if limit is not None and len(row) > limit:
-            log.warning("input line %d has %d tokens: truncated to the model's limit of %d", number, len(row), limit)
+            log.warning("input line %d has %d tokens: truncated to %d (max_input_tokens, or the model's position "
+                        "table)", number, len(row), limit)
             del row[limit:]
     return ids
 
@@ -122,8 +128,8 @@ def translate_ids(model: Transformer, ids: list[list[int]], beam: int, alpha: fl
 
 
 def translate_lines(model, vocab, lines: list[str], beam=4, alpha=0.6, max_extra=50, max_tokens=4096,
-                    device=torch.device("cpu"), progress=False) -> list[str]:
-    ids = encode_lines(vocab, lines, input_limit(model, max_extra))
+                    device=torch.device("cpu"), progress=False, max_input_tokens=1024) -> list[str]:
+    ids = encode_lines(vocab, lines, input_limit(model, max_extra, max_input_tokens))
     out = translate_ids(model, ids, beam, alpha, max_extra, max_tokens, device, progress)
     return [vocab.decode(row) for row in out]
 
@@ -173,7 +179,7 @@ def main(cfg) -> None:
         def translate(lines, progress=False):
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 return translate_lines(model, vocab, lines, job.beam, job.alpha, job.max_extra, job.max_tokens,
-                                       device, progress)
+                                       device, progress, job.max_input_tokens)
 
         out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
         with open_source(job.input) as source:

@@ -152,3 +152,28 @@ def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch)
     assert decoding_dtype(Precision.fp32, cuda) is None
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
     assert decoding_dtype(Precision.auto, cuda) is None  # no fp16 without loss scaling's safety net
+
+
+def test_a_pathological_line_is_cut_and_every_line_answered(checkpoint, tmp_path):
+    """A 10,000-word line (a paragraph without breaks) is cut to max_input_tokens with a warning naming it; both
+    lines get their output line, in bounded time."""
+    import random
+
+    words = multi30k_words()
+    rng = random.Random(0)
+    src = tmp_path / "in.en"
+    src.write_text(" ".join(rng.choice(words) for _ in range(10_000)) + "\nA dog runs.\n", encoding="utf-8")
+    result = cli("nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={tmp_path}/out")
+    assert result.returncode == 0, result.stderr
+    assert len((tmp_path / "out").read_text(encoding="utf-8").split("\n")) - 1 == 2
+    warnings = [line for line in result.stderr.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "input line 1 has" in warnings[0] and "truncated to 1024" in warnings[0]
+    short = cli("nmt.translate", f"checkpoint={checkpoint}", f"input={src}", f"output={tmp_path}/out",
+                "max_input_tokens=20")
+    assert "truncated to 20" in short.stderr
+
+
+def multi30k_words():
+    from tests.conftest import multi30k_lines
+
+    return " ".join(multi30k_lines("train", "en", 200)).split()

@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from nmt.config import DataConfig
 from nmt.data import readers
-from nmt.data.shards import ShardWriter
+from nmt.data.readers import DataError
+from nmt.data.shards import EncodedSplit, ShardWriter
 from nmt.data.vocab import Vocab, train_vocab
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,17 @@ def manifest_key(cfg: DataConfig) -> dict:
 def load_manifest(directory: Path) -> dict | None:
     path = directory / "manifest.json"
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def open_split(directory: Path, manifest: dict, split: str) -> EncodedSplit:
+    """A prepared split, checked against the manifest: its sentence count, and the vocabulary its ids were
+    written with (spm.model's digest, recorded by prepare since the manifest carried it)."""
+    spm = directory / "spm.model"
+    if "spm_sha256" in manifest and (not spm.is_file() or readers.file_digest(spm) != manifest["spm_sha256"]):
+        raise DataError(f"{spm}: not the vocabulary the shards in {directory} were written with; rebuild with "
+                        f"python -m nmt.prepare ... force=true")
+    expected = manifest.get("stats", {}).get(split, {}).get("kept")
+    return EncodedSplit(directory, split, manifest["vocab_size"], expected)
 
 
 def drop_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
@@ -168,7 +180,8 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         stats = {split: _write_split(cfg, split, vocab, work) for split in SPLITS}
         for split, counts in stats.items():
             log.info("%s: %s", split, ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        manifest = {"key": key, "vocab_size": len(vocab), "stats": stats}
+        manifest = {"key": key, "vocab_size": len(vocab), "stats": stats,
+                    "spm_sha256": readers.file_digest(work / "spm.model")}
         (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         _replace(work, target)
     except BaseException:

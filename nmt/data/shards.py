@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nmt.data.readers import DataError
+
 
 def id_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
@@ -41,17 +43,22 @@ class ShardWriter:
 
 
 class EncodedSplit:
-    """Read side of one split: sentence i -> (source ids, target ids) as numpy views."""
+    """Read side of one split: sentence i -> (source ids, target ids) as numpy views.
 
-    def __init__(self, directory: str | Path, split: str, vocab_size: int):
+    Opening checks what a partial copy or a mix-up leaves behind (cheap: sizes, offsets, the largest id;
+    about a second for WMT14): each .bin holds exactly the tokens its .idx points to, both sides hold the same
+    number of sentences (`expected`, from the manifest, when given), and every id is below vocab_size. A damaged
+    split raises DataError naming the file."""
+
+    def __init__(self, directory: str | Path, split: str, vocab_size: int, expected: int | None = None):
         directory = Path(directory)
         dtype = id_dtype(vocab_size)
-        self.src = np.memmap(directory / f"{split}.src.bin", dtype=dtype, mode="r") if (
-            directory / f"{split}.src.bin").stat().st_size else np.zeros(0, dtype)
-        self.tgt = np.memmap(directory / f"{split}.tgt.bin", dtype=dtype, mode="r") if (
-            directory / f"{split}.tgt.bin").stat().st_size else np.zeros(0, dtype)
-        self.src_offsets = np.load(directory / f"{split}.src.idx", allow_pickle=False)
-        self.tgt_offsets = np.load(directory / f"{split}.tgt.idx", allow_pickle=False)
+        self.src_offsets, self.src = _open_side(directory, split, "src", dtype, vocab_size)
+        self.tgt_offsets, self.tgt = _open_side(directory, split, "tgt", dtype, vocab_size)
+        counts = {len(self.src_offsets) - 1, len(self.tgt_offsets) - 1}
+        if len(counts) > 1 or (expected is not None and counts != {expected}):
+            raise _damaged(directory / f"{split}.tgt.idx", f"{sorted(counts)} sentences where the source side "
+                           f"and the manifest say {len(self.src_offsets) - 1} and {expected}")
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1
@@ -67,3 +74,30 @@ class EncodedSplit:
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return (self.src[self.src_offsets[i] : self.src_offsets[i + 1]],
                 self.tgt[self.tgt_offsets[i] : self.tgt_offsets[i + 1]])
+
+
+def _damaged(path: Path, problem: str) -> DataError:
+    return DataError(f"{path}: {problem}: the prepared data is damaged (a partial copy?) or from another "
+                     f"vocabulary; rebuild it with python -m nmt.prepare ... force=true (or delete {path.parent})")
+
+
+def _open_side(directory: Path, split: str, side: str, dtype, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, memory-mapped ids) of one side, checked against each other and the vocabulary."""
+    idx_path, bin_path = directory / f"{split}.{side}.idx", directory / f"{split}.{side}.bin"
+    for path in (idx_path, bin_path):
+        if not path.is_file():
+            raise _damaged(path, "missing")
+    try:
+        offsets = np.load(idx_path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise _damaged(idx_path, f"unreadable ({err})") from None
+    if offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+        raise _damaged(idx_path, "not a list of increasing offsets from 0")
+    itemsize = np.dtype(dtype).itemsize
+    size = bin_path.stat().st_size
+    if size != int(offsets[-1]) * itemsize:
+        raise _damaged(bin_path, f"{size} bytes where the index needs {int(offsets[-1]) * itemsize}")
+    ids = np.memmap(bin_path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
+    if len(ids) and int(ids.max()) >= vocab_size:
+        raise _damaged(bin_path, f"token id {int(ids.max())} is outside the {vocab_size}-piece vocabulary")
+    return offsets, ids

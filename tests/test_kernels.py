@@ -16,6 +16,7 @@ from nmt.attention import relation_aware_attention  # noqa: E402
 from nmt.config import ConfigError  # noqa: E402
 from nmt.kernels import dispatch  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
+from nmt.kernels import tiles  # noqa: E402
 from nmt.kernels.dispatch import AttentionBackend, KernelFallbackWarning  # noqa: E402
 from tests.test_attention import literal_attention, make_inputs  # noqa: E402
 
@@ -290,10 +291,10 @@ def test_launch_grid_fits_cuda_limits_for_any_batch_the_batcher_builds():
     for tokens, heads, length in ((32_768, 16, 1), (25_000, 16, 6), (32_768, 8, 4), (4_096, 8, 250)):
         batch = tokens // length
         for block in (16, 32):
-            size = kernel.grid(batch, heads, length, block)
-            assert size[0] == batch * heads and all(s <= limit for s, limit in zip(size, kernel.GRID_LIMITS))
-            assert kernel.fits_grid(batch, heads, length, block)
-    assert not kernel.fits_grid(1, 1, 16 * 65_536, 16)  # a million-token sentence: the PyTorch path
+            size = tiles.grid(batch, heads, length, block)
+            assert size[0] == batch * heads and all(s <= limit for s, limit in zip(size, tiles.GRID_LIMITS))
+            assert tiles.fits_grid(batch, heads, length, block)
+    assert not tiles.fits_grid(1, 1, 16 * 65_536, 16)  # a million-token sentence: the PyTorch path
 
 
 def micro_model(share_heads, backend=None):

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import Attention, ConfigError, ModelConfig, Position
+from nmt.kernels.tiles import MAX_BUCKETS, buckets_block, fits_grid, head_block
 
 log = logging.getLogger("nmt.kernels")
 
@@ -68,8 +69,6 @@ class Case(NamedTuple):
 
 
 def case_of(q: Tensor, rel_k, rel_v, buckets: int, padding: bool, causal: bool, dropout_p: float) -> Case:
-    from nmt.kernels.relative_attention import buckets_block
-
     table = rel_k if rel_k is not None else rel_v
     return Case(q.device.type, q.dtype, int(q.shape[-1]), buckets_block(buckets), causal, dropout_p > 0.0,
                 rel_k is not None, rel_v is not None, table.dim() == 2, padding, q.shape[2] <= 16)
@@ -105,8 +104,6 @@ class AttentionBackend:
     def case(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool, dropout_p: float
              ) -> Case | None:
         """The call's case, or None where auto cannot use the kernel at all."""
-        from nmt.kernels.relative_attention import MAX_BUCKETS, fits_grid, head_block
-
         if (q.device.type not in self.devices or not TRITON_INSTALLED or q.dtype not in self.dtypes
                 or head_block(q.shape[-1]) not in self.head_dims or buckets > MAX_BUCKETS
                 or not fits_grid(q.shape[0], q.shape[1], max(q.shape[2], 1))):
@@ -152,8 +149,6 @@ def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, trai
     """Every case a Transformer's relative self-attention can meet: the encoder (padding) and the decoder
     (causal), each edge-window class its lengths can reach, with dropout (training) and without (evaluation,
     decoding), more and at most 16 queries."""
-    from nmt.kernels.relative_attention import MAX_BUCKETS, buckets_block
-
     if cfg.position not in (Position.relative, Position.both) or not (cfg.rel_key or cfg.rel_value):
         return []
     widest = min(2 * cfg.clip + 1, MAX_BUCKETS)

@@ -73,7 +73,7 @@ def dispatchable_configs() -> list[Config]:
     """Every dtype, head size and edge-window class the dispatcher accepts (nmt.kernels.dispatch.supported), with
     every optional feature on: each feature only adds tiles, so this is the most any variant of the class uses."""
     from nmt.kernels.dispatch import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
-    from nmt.kernels.relative_attention import MAX_BUCKETS
+    from nmt.kernels.tiles import MAX_BUCKETS
 
     configs = []
     for dtype in SUPPORTED_DTYPES:

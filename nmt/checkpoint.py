@@ -86,6 +86,19 @@ def save_numbered(state: dict, directory: str | Path, step: int, keep_last: int)
     return path
 
 
+def save_training_state(state: dict, out: Path, keep_last: int, resumable: int, final: bool) -> None:
+    """save_numbered for a training run (rank 0). A failed write (a full disk) leaves every earlier checkpoint
+    as it was: one error line, and training goes on to the next save; the final save raises CheckpointError."""
+    try:
+        log.info("saved %s", save_numbered(state, out, state["step"], keep_last))
+    except OSError as err:
+        message = (f"could not save update {state['step']} in {out} ({err.strerror or err}); the earlier "
+                   f"checkpoints are intact (resumable from update {max(resumable, 0)})")
+        if final:
+            raise CheckpointError(message) from None
+        log.error("%s; training goes on and tries again at the next save", message)
+
+
 def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
     """The newest whole training state that loads: checkpoint_last.pt, else checkpoint_prev.pt, else a numbered
     checkpoint that carries one (written before numbered checkpoints kept only the weights)."""

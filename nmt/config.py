@@ -18,6 +18,11 @@ def require(condition: bool, field: str, value, rule: str) -> None:
         raise ConfigError(f"{field}={value} is invalid: it must be {rule}")
 
 
+def valid_device(name: str) -> bool:
+    """auto | cpu | cuda | cuda:N (resolved by nmt.runtime.resolve_device)."""
+    return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
+
+
 class Position(str, Enum):
     relative = "relative"  # Shaw et al. 2018: edge tables in self-attention, no sinusoids
     absolute = "absolute"  # Vaswani et al. 2017: sinusoids added to the embeddings
@@ -161,7 +166,7 @@ class TrainConfig:
     average_last: int = 0  # at the end, average the last N checkpoints into output_dir/averaged.pt
     seed: int = 1
     output_dir: str = "${hydra:runtime.output_dir}"
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: cuda, each rank its own)
     precision: Precision = Precision.auto
     log_every: int = 100
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
@@ -180,7 +185,7 @@ class TrainConfig:
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
-        require(self.device in ("auto", "cpu", "cuda"), "train.device", self.device, "auto, cpu or cuda")
+        require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         return self
 
 
@@ -202,6 +207,49 @@ class PrepareJob:
     force: bool = False  # rebuild even when the manifest says the prepared data is up to date
 
 
+@dataclass
+class SearchConfig:
+    """How sentences are decoded: nmt.translate's options, validation BLEU's (beam 1) and the experiments'."""
+
+    beam: int = 4  # 1 = greedy
+    alpha: float = 0.6  # GNMT length penalty exponent
+    max_extra: int = 50  # longest output = source length + max_extra
+    max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
+    max_input_tokens: int = 1024  # longer input lines are cut to this many subword tokens, with a warning
+
+    def check(self) -> "SearchConfig":
+        require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
+        require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
+        require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
+        require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
+        require(self.max_input_tokens >= 1, "max_input_tokens", self.max_input_tokens, ">= 1")
+        return self
+
+
+@dataclass
+class DecodeJob(SearchConfig):
+    checkpoint: str = MISSING
+    input: Optional[str] = None  # default: stdin
+    output: Optional[str] = None  # default: stdout
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Precision = Precision.auto  # auto: bf16 autocast on a GPU that has it, else fp32
+    attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
+
+    def check(self) -> "DecodeJob":
+        super().check()
+        require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
+        self.precision, self.attention = Precision(self.precision), Attention(self.attention)
+        return self
+
+
+@dataclass
+class ScoreJob:
+    hyp: str = MISSING
+    ref: str = MISSING
+    lang: Optional[str] = None  # target language for the Moses tokenizer; default: the ref file's suffix, else "de"
+    output: Optional[str] = None  # also write the results as JSON here
+
+
 def register_schemas() -> None:
     """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
     from hydra.core.config_store import ConfigStore
@@ -209,5 +257,7 @@ def register_schemas() -> None:
     store = ConfigStore.instance()
     store.store(name="prepare_schema", node=PrepareJob)
     store.store(name="train_schema", node=TrainJob)
+    store.store(name="decode_schema", node=DecodeJob)
+    store.store(name="score_schema", node=ScoreJob)
     store.store(group="model", name="schema", node=ModelConfig)
     store.store(group="data", name="schema", node=DataConfig)

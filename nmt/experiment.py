@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import platform
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,12 +23,13 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import load_checkpoint
-from nmt.config import ConfigError, TrainJob, register_schemas
+from nmt.config import ConfigError, SearchConfig, TrainJob, register_schemas
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import DataError, read_lines
+from nmt.decode import load_translator, translate_lines
+from nmt.runtime import machine, resolve_device, retain_freed_memory
 from nmt.score import score
-from nmt.train import retain_freed_memory, run
-from nmt.translate import load_translator, pick_device, translate_lines
+from nmt.train import run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 log = logging.getLogger("nmt.experiment")
@@ -45,20 +45,39 @@ def compose_job(overrides: list[str]) -> tuple[TrainJob, dict]:
     return OmegaConf.to_object(cfg).check(), OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
-def cpu_precision() -> str:
-    """bf16 autocast where the CPU has native bf16 (AVX512-BF16 / AMX): 1.6x faster per step there."""
-    return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "fp32"
+_COMPOSE = threading.Lock()  # Hydra's compose API is a process-wide singleton: one thread at a time
 
 
-def machine(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    bf16 = "native bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no native bf16"
-    return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {bf16}"
+def run_identity(overrides: list[str]) -> str:
+    """What makes two runs the same run: the resolved config, less where it was written, with how many threads,
+    on which device and through which attention implementation (none of which changes the result)."""
+    with _COMPOSE:
+        _, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
+    for name in ("output_dir", "threads", "device", "attention"):
+        resolved["train"].pop(name)
+    return json.dumps(resolved, sort_keys=True)
 
 
-def train_and_score(overrides: list[str], output: Path, split: str = "test", beam: int = 4,
-                    alpha: float = 0.6) -> dict:
+def same_config(a, b) -> bool:
+    """Equal resolved configs; a field only one side has counts as equal when it is null there (a field added
+    to the schema after a run was recorded, left at its null default)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return all(same_config(a.get(name), b.get(name)) for name in set(a) | set(b))
+    return a == b
+
+
+def find_same_run(identity: str, results: Path, exclude: Path) -> Path | None:
+    """A finished run under results/<table>/<row>/seed<k>/ with the same identity, other than `exclude`."""
+    wanted = json.loads(identity)
+    for found in sorted(results.glob("*/*/seed*/result.json")):
+        recorded = json.loads(found.read_text()).get("identity")
+        if found.parent != exclude and recorded and same_config(json.loads(recorded), wanted):
+            return found.parent
+    return None
+
+
+def train_and_score(overrides: list[str], output: Path, split: str = "test",
+                    search: SearchConfig = SearchConfig()) -> dict:
     """Train from scratch into `output` (a previous run there is removed), average, decode `split`, score.
 
     Writes output/{averaged.pt, <split>.hyp.<tgt>, result.json}; returns the result record.
@@ -72,13 +91,13 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test", bea
     train_minutes = (time.monotonic() - started) / 60
 
     data_dir = prepared_dir(job.data)
-    device = pick_device(job.train.device)
+    device = resolve_device(job.train.device)
     model, vocab = load_translator(output / "averaged.pt", device)
     sources = list(read_lines(data_dir / f"{split}.{job.data.src}"))
     refs = list(read_lines(data_dir / f"{split}.{job.data.tgt}"))
-    log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, beam, alpha)
+    log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
     decode_start = time.monotonic()
-    hyps = translate_lines(model, vocab, sources, beam=beam, alpha=alpha, device=device, progress=True)
+    hyps = translate_lines(model, vocab, sources, search, device, progress=True)
     decode_seconds = time.monotonic() - decode_start
     hyp_path = output / f"{split}.hyp.{job.data.tgt}"
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -86,7 +105,7 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test", bea
     averaged = load_checkpoint(output / "averaged.pt")
     return {
         **score(hyps, refs, job.data.tgt),
-        "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "beam": beam, "alpha": alpha,
+        "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "beam": search.beam, "alpha": search.alpha,
         "ref": str(data_dir / f"{split}.{job.data.tgt}"), "hyp": hyp_path.name,
         "overrides": overrides, "seed": job.train.seed,
         "updates": averaged["step"], "averaged_from": averaged["averaged_from"],

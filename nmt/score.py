@@ -11,15 +11,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
+from nmt.config import ScoreJob, register_schemas
 from nmt.data.readers import DataError, read_lines
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
@@ -64,15 +62,7 @@ def score_files(hyp: str | Path, ref: str | Path, lang: str) -> dict:
     return {"hyp": str(hyp), "ref": str(ref), **score(hyps, refs, lang)}
 
 
-@dataclass
-class ScoreJob:
-    hyp: str = MISSING
-    ref: str = MISSING
-    lang: Optional[str] = None  # target language for the Moses tokenizer; default: the ref file's suffix, else "de"
-    output: Optional[str] = None  # also write the results as JSON here
-
-
-ConfigStore.instance().store(name="score_schema", node=ScoreJob)
+register_schemas()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="score")

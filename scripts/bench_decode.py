@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 import yaml
 
-from nmt.config import ModelConfig, Precision
+from nmt.config import ModelConfig, Precision, SearchConfig
 from nmt.data.batching import pad_rows
 from nmt.model import BOS, EOS, Transformer
 from nmt.search import Uncached
+from nmt.decode import encode_lines, load_translator, translate_ids
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.translate import decoding_dtype, encode_lines, load_translator, translate_ids
+from nmt.runtime import autocast, autocast_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = decoding_dtype(Precision(args.precision), device)
+    dtype = autocast_dtype(Precision(args.precision), device, training=False)
     if Path(args.checkpoint).is_file():
         model, vocab = load_translator(args.checkpoint, device, AttentionBackend("auto"))
         source = f"trained checkpoint {args.checkpoint}"
@@ -69,11 +70,10 @@ def main() -> None:
     report = {"model": source, "device": args.device, "threads": args.threads, "sentences": len(lines),
               "precision": str(dtype or torch.float32)}
     print(f"{source}; {len(lines)} sentences; {args.device}, {args.threads} threads, {dtype or torch.float32}")
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
     for name, beam in (("greedy", 1), ("beam4", 4)):
         start = time.perf_counter()
-        with autocast:
-            out = translate_ids(model, ids, beam, 0.6, 50, 4096, device)
+        with autocast(device, dtype):
+            out = translate_ids(model, ids, SearchConfig(beam=beam), device)
         seconds = time.perf_counter() - start
         tokens = sum(len(row) + 1 for row in out)
         report[name] = {"seconds": round(seconds, 2), "sentences_per_s": round(len(lines) / seconds, 1),

@@ -35,19 +35,21 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from nmt.data.batching import Prefetcher
+    from nmt.data.batching import Prefetcher, training_stream
     from nmt.experiment import compose_job
-    from nmt.train import Trainer, setup_env
+    from nmt.runtime import setup_env
+    from nmt.train import Trainer
 
     job, _ = compose_job([f"model={preset}", "data=multi30k_en_de", f"model.position={position}",
                           f"train.device={device}", f"train.precision={precision}", f"train.max_tokens={max_tokens}",
                           "train.update_freq=1", f"train.compile={str(compile_model).lower()}", "train.seed=0",
                           f"train.max_steps={10 * steps}", f"train.output_dir={tempfile.mkdtemp()}"])
-    trainer = Trainer(job, setup_env(job.train))  # CPU: the trainer's threads and heap settings too
+    trainer = Trainer(job, setup_env(job.train.device, job.train.threads))  # CPU: its threads and heap settings
     trainer.check_attention()  # as nmt.train does before compiling: the fused kernel where its self-test passed
     dev = trainer.env.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    stream = Prefetcher(trainer.micro_batches(), depth=2, pin_memory=dev.type == "cuda")
+    stream = Prefetcher(training_stream(trainer.train_data, job.train.max_tokens, job.train.seed, 0, 1, 0, 0), depth=2,
+                        pin_memory=dev.type == "cuda")
 
     # (1) the isolated step: batches already on the device, no data, no bookkeeping
     batches = [trainer.next_micro_batches(stream)[0].to(dev) for _ in range(steps + 3)]
@@ -72,11 +74,11 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
 
     # (2) the trainer's update over its prefetched stream: what a run pays per update, host syncs included
     for _ in range(3):
-        trainer.update(trainer.next_micro_batches(stream), False)
+        trainer.train_step(trainer.next_micro_batches(stream), False)
     sync()
     start, trainer_tokens = time.perf_counter(), 0
     for _ in range(steps):
-        trainer_tokens += trainer.update(trainer.next_micro_batches(stream), False).tokens
+        trainer_tokens += trainer.train_step(trainer.next_micro_batches(stream), False).tokens
     sync()
     trainer_seconds = time.perf_counter() - start
     stream.close()

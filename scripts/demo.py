@@ -17,8 +17,8 @@ import logging
 import sys
 from pathlib import Path
 
-from nmt.experiment import cpu_precision, train_and_score
-from nmt.train import retain_freed_memory
+from nmt.experiment import train_and_score
+from nmt.runtime import experiment_cpu_precision, retain_freed_memory
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()
     overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", f"train.max_steps={args.updates}",
-                 f"train.precision={cpu_precision()}", *args.overrides]
+                 f"train.precision={experiment_cpu_precision().value}", *args.overrides]
     result = train_and_score(overrides, args.output, args.split)
     result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -25,14 +25,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from nmt.attention import relative_buckets
+from nmt.data.batching import pad_rows
+from nmt.data.readers import read_lines
+from nmt.decode import load_translator
+from nmt.model import EOS, PAD
 
-from nmt.data.readers import read_lines  # noqa: E402
-from nmt.model import EOS, PAD  # noqa: E402
-from nmt.data.batching import pad_rows  # noqa: E402
-from nmt.translate import load_translator  # noqa: E402
-from nmt.attention import relative_buckets  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def attention_probs(attn, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:

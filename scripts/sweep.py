@@ -19,16 +19,15 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from nmt.data.pipeline import prepare
+from nmt.experiment import compose_job, find_same_run, run_identity
+from nmt.runtime import experiment_cpu_precision
 
-from nmt.data.pipeline import prepare  # noqa: E402
-from nmt.experiment import compose_job, cpu_precision  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
 TABLES = {
@@ -54,38 +53,9 @@ KEPT = ("result.json", "config.yaml", "train.log")
 
 
 def run_overrides(table: str, pair: str, row_overrides: list[str], seed: int, device: str) -> list[str]:
-    precision = [f"train.precision={cpu_precision()}"] if device == "cpu" else []
+    precision = [f"train.precision={experiment_cpu_precision().value}"] if device == "cpu" else []
     return ["model=tiny", f"data=multi30k_{pair.replace('-', '_')}", f"+experiment={table}", *row_overrides,
             f"train.seed={seed}", *precision]
-
-
-_COMPOSE = threading.Lock()  # Hydra's compose API is a process-wide singleton: one thread at a time
-
-
-def identity(overrides: list[str]) -> str:
-    """What makes two runs the same run: the resolved config, less where it was written and with how many threads."""
-    with _COMPOSE:
-        _, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
-    for name in ("output_dir", "threads", "device"):
-        resolved["train"].pop(name)
-    return json.dumps(resolved, sort_keys=True)
-
-
-def same_config(a, b) -> bool:
-    """Equal resolved configs; a field only one side has counts as equal when it is null there (a field added
-    to the schema after a run was recorded, left at its null default)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return all(same_config(a.get(name), b.get(name)) for name in set(a) | set(b))
-    return a == b
-
-
-def find_same_run(key: str, results: Path, exclude: Path) -> Path | None:
-    wanted = json.loads(key)
-    for found in sorted(results.glob("*/*/seed*/result.json")):
-        recorded = json.loads(found.read_text()).get("identity")
-        if found.parent != exclude and recorded and same_config(json.loads(recorded), wanted):
-            return found.parent
-    return None
 
 
 def keep_results(run_dir: Path, target: Path) -> None:
@@ -103,7 +73,7 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     if (target / "result.json").is_file():
         return f"{name}: done already"
     overrides = run_overrides(table, pair, row_overrides, seed, args.device)
-    key = identity(overrides)
+    key = run_identity(overrides)
     same = find_same_run(key, args.results, target)
     if same is not None:
         shutil.copytree(same, target, dirs_exist_ok=True)

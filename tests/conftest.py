@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = ROOT / "data" / "multi30k"
 
 
+def load_script(name: str):
+    """A script under scripts/ as a module (scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def multi30k_lines(split, lang, n):
     with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
         return [next(f).rstrip("\n") for _ in range(n)]

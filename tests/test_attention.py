@@ -150,8 +150,19 @@ def test_gradients_reach_both_tables():
 
 
 def test_separate_key_and_value_tables():
+    """a^K and a^V are two tables: a gradient through the key term reaches w^K only, one through the value term
+    w^V only."""
+    torch.manual_seed(0)
     mha = MultiHeadAttention(16, 4, clip=2)
-    assert mha.rel_k.data_ptr() != mha.rel_v.data_ptr()
+    x = torch.randn(2, 5, 16)
+    q, kv = mha.split_heads(mha.q_proj(x)), mha.project_kv(x)
+    key_only = relation_aware_attention(q, kv.k, kv.v, mha.rel_k, None, 2)
+    value_only = relation_aware_attention(q, kv.k, kv.v, None, mha.rel_v, 2)
+    grad_k = torch.autograd.grad(key_only.sum(), (mha.rel_k, mha.rel_v), allow_unused=True)
+    grad_v = torch.autograd.grad(value_only.sum(), (mha.rel_k, mha.rel_v), allow_unused=True)
+    assert grad_k[0].abs().sum() > 0 and grad_k[1] is None
+    assert grad_v[0] is None and grad_v[1].abs().sum() > 0
+    assert not torch.equal(mha.rel_k, mha.rel_v)  # drawn apart, not one table twice
     only_k = MultiHeadAttention(16, 4, clip=2, rel_value=False)
     assert only_k.rel_v is None and only_k.rel_k is not None
     absolute = MultiHeadAttention(16, 4, clip=None)

@@ -6,12 +6,11 @@ import os
 import subprocess
 import sys
 
-from nmt.experiment import train_and_score
-from tests.conftest import MULTI30K, ROOT
+from nmt.experiment import run_identity, same_config, train_and_score
+from tests.conftest import MULTI30K, ROOT, load_script
 
-sys.path.insert(0, str(ROOT / "scripts"))
-import results_table  # noqa: E402
-import sweep  # noqa: E402
+results_table = load_script("results_table")
+sweep = load_script("sweep")
 
 
 def local_overrides(prepared):
@@ -42,7 +41,7 @@ def test_sweep_skips_finished_runs_and_reuses_identical_ones(tmp_path):
     overrides = sweep.run_overrides("table1", "en-de", [], 1, "cpu")
     done = results / "table1" / "en-de.relative" / "seed1"
     done.mkdir(parents=True)
-    (done / "result.json").write_text(json.dumps({"identity": sweep.identity(overrides), "bleu": 30.0, "seed": 1}))
+    (done / "result.json").write_text(json.dumps({"identity": run_identity(overrides), "bleu": 30.0, "seed": 1}))
     (done / "test.hyp.de").write_text("x\n")
     command = [sys.executable, "scripts/sweep.py", "--results", str(results), "--dry-run", "--seeds=1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -92,6 +91,6 @@ def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_pat
 def test_a_field_added_to_the_schema_later_does_not_hide_a_same_run():
     old = {"model": {"clip": 16}, "train": {"seed": 1}}
     new = {"model": {"clip": 16}, "train": {"seed": 1, "compile": None}}
-    assert sweep.same_config(old, new) and sweep.same_config(new, old)
-    assert not sweep.same_config(old, {"model": {"clip": 2}, "train": {"seed": 1, "compile": None}})
-    assert not sweep.same_config(old, {"model": {"clip": 16}, "train": {"seed": 1, "compile": True}})
+    assert same_config(old, new) and same_config(new, old)
+    assert not same_config(old, {"model": {"clip": 2}, "train": {"seed": 1, "compile": None}})
+    assert not same_config(old, {"model": {"clip": 16}, "train": {"seed": 1, "compile": True}})

@@ -16,7 +16,9 @@ from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
 from nmt.data.shards import EncodedSplit
-from nmt.train import inverse_sqrt_lr, run, smoothed_loss
+from nmt.loss import smoothed_loss
+from nmt.optim import inverse_sqrt_lr, linear_decay_lr, peak_lr
+from nmt.train import run
 from tests.conftest import ROOT
 
 MICRO_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, clip=4)
@@ -40,6 +42,17 @@ def test_schedule_formula():
     assert inverse_sqrt_lr(16384, d, w) == pytest.approx(512**-0.5 / 128)
     assert inverse_sqrt_lr(2000, d, w) == pytest.approx(inverse_sqrt_lr(4000, d, w) / 2)  # linear warmup
     assert inverse_sqrt_lr(100, d, w, scale=2.0) == pytest.approx(2 * inverse_sqrt_lr(100, d, w))
+
+
+def test_linear_decay_schedule():
+    """The demo's and the tables' schedule: the same warmup and peak as inverse_sqrt, then a straight line to 0."""
+    d, w, total = 256, 100, 800
+    assert linear_decay_lr(w, d, w, total) == pytest.approx(peak_lr(d, w)) == pytest.approx(inverse_sqrt_lr(w, d, w))
+    assert linear_decay_lr(50, d, w, total) == pytest.approx(peak_lr(d, w) / 2)  # linear warmup
+    assert linear_decay_lr(450, d, w, total) == pytest.approx(peak_lr(d, w) / 2)  # halfway down
+    assert linear_decay_lr(total, d, w, total) == 0.0 and linear_decay_lr(total + 5, d, w, total) == 0.0
+    assert linear_decay_lr(0, d, w, total) == linear_decay_lr(1, d, w, total) > 0  # step 0 counts as 1
+    assert linear_decay_lr(300, d, w, total, scale=3.0) == pytest.approx(3 * linear_decay_lr(300, d, w, total))
 
 
 def test_smoothed_loss_matches_cross_entropy():
@@ -196,7 +209,7 @@ def test_fp16_overflow_lowers_the_scale_and_drops_the_update(prepared, tmp_path,
     state = load_checkpoint(tmp_path / LAST)
     assert state["step"] == 4  # the dropped update was not counted: four more followed
     assert state["scaler"]["scale"] == 2.0**15  # lowered once from 2^16
-    assert "micro-batches were dropped" in (tmp_path / "train.log").read_text()
+    assert calls["n"] == 5  # five micro-batches for four counted updates
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
@@ -226,8 +239,9 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before <= 2  # not one per shape
 
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     run(job(prepared, tmp_path, max_steps=4, compile=True))
-    assert "torch.compile" in (tmp_path / "train.log").read_text()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs_before  # the trainer compiled
     state = load_checkpoint(tmp_path / LAST)["model"]
     assert not any("_orig_mod" in key for key in state)
     Transformer(ModelConfig(**MICRO_MODEL), 600).load_state_dict(state)
@@ -251,7 +265,7 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
                           "-m", "nmt.train", *overrides, f"train.output_dir={tmp_path}/ddp"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    assert "world size 2 on cpu" in ddp.stderr
+    assert load_checkpoint(tmp_path / "ddp" / LAST)["world_size"] == 2
     single = subprocess.run([sys.executable, "-m", "nmt.train", *overrides, "train.update_freq=2",
                              f"train.output_dir={tmp_path}/single"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -262,7 +276,8 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
 
 
 def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
-    """python -m nmt.train -m model.clip=0,2 (DESIGN §4, Table 2) runs one job per value, config.yaml says which."""
+    """python -m nmt.train -m model.clip=0,2 (the README's Table 2 sweep) runs one job per value, config.yaml says
+    which."""
     overrides = [f"data.{k}={getattr(prepared, k)}" for k in
                  ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir")]
     result = subprocess.run(

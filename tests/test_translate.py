@@ -47,7 +47,7 @@ def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
 
 def test_only_absolute_positions_limit_the_input():
     from nmt.model import Transformer
-    from nmt.translate import encode_lines, input_limit
+    from nmt.decode import encode_lines, input_limit
 
     class Spaces:  # one id per word is enough for the limit
         def encode(self, lines):
@@ -142,8 +142,12 @@ def test_out_of_range_values_are_one_line_errors(module, args, field, tmp_path):
 
 
 def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch):
+    from functools import partial
+
     from nmt.config import Precision
-    from nmt.translate import decoding_dtype
+    from nmt.runtime import autocast_dtype
+
+    decoding_dtype = partial(autocast_dtype, training=False)
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: True)
@@ -152,6 +156,7 @@ def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch)
     assert decoding_dtype(Precision.fp32, cuda) is None
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
     assert decoding_dtype(Precision.auto, cuda) is None  # no fp16 without loss scaling's safety net
+    assert autocast_dtype(Precision.auto, cuda) == torch.float16  # training has its GradScaler
 
 
 def test_a_pathological_line_is_cut_and_every_line_answered(checkpoint, tmp_path):

@@ -118,6 +118,18 @@ def epoch_batches(shard: EncodedSplit, max_tokens: int, seed: int, epoch: int, r
         yield position, collate(shard, mine[position])
 
 
+def training_stream(shard: EncodedSplit, max_tokens: int, seed: int, rank: int, world_size: int, epoch: int,
+                    start: int):
+    """Endless (epoch, position after it, Batch) for this rank from a saved data position, epoch after epoch.
+
+    It may run ahead of the trainer (Prefetcher), so the trainer keeps as its data position the last item it
+    consumed, never how far the stream has read."""
+    while True:
+        for position, batch in epoch_batches(shard, max_tokens, seed, epoch, rank, world_size, start=start):
+            yield epoch, position + 1, batch
+        epoch, start = epoch + 1, 0
+
+
 class Prefetcher:
     """Runs an iterator in a background thread, `depth` items ahead, so batches are gathered (and pinned,
     for CUDA) while the device computes. Yields exactly what the iterator yields, in order; an exception

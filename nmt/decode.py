@@ -1,0 +1,86 @@
+"""The decoding library that nmt.translate, validation and the experiments share: load a checkpoint, cut over-long
+lines, batch by length, search (nmt.search), and give one output per input in input order."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.config import Position, SearchConfig, model_config_from_dict
+from nmt.data.batching import pad_rows
+from nmt.data.vocab import Vocab
+from nmt.kernels.dispatch import AttentionBackend
+from nmt.model import EOS, Transformer
+from nmt.search import beam_search, greedy
+
+log = logging.getLogger("nmt.translate")
+
+
+def load_translator(checkpoint: str | Path, device: torch.device,
+                    backend: AttentionBackend | None = None) -> tuple[Transformer, Vocab]:
+    state = load_checkpoint(checkpoint)
+    if "vocab" not in state or "config" not in state:
+        raise CheckpointError(f"{checkpoint}: no vocabulary or config inside; was it written by nmt.train?")
+    vocab = Vocab(model_proto=state["vocab"].numpy().tobytes())
+    model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0],
+                        backend)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), vocab
+
+
+def input_limit(model: Transformer, max_extra: int, max_input_tokens: int | None = None) -> int | None:
+    """Longest source (tokens, EOS excluded) decoded: max_input_tokens, and for a model with absolute positions
+    the longest whose output still fits the sinusoid table (relative distances are clipped, never out of range).
+    None: no limit."""
+    limits = [max_input_tokens] if max_input_tokens is not None else []
+    if model.cfg.position in (Position.absolute, Position.both):
+        limits.append(model.cfg.max_positions - max_extra - 1)
+    return min(limits) if limits else None
+
+
+def encode_lines(vocab: Vocab, lines: list[str], limit: int | None) -> list[list[int]]:
+    ids = vocab.encode([line.strip() for line in lines])
+    for number, row in enumerate(ids, 1):
+        if limit is not None and len(row) > limit:
+            log.warning("input line %d has %d tokens: truncated to %d (max_input_tokens, or the model's position "
+                        "table)", number, len(row), limit)
+            del row[limit:]
+    return ids
+
+
+@torch.no_grad()
+def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig, device: torch.device,
+                  progress: bool = False) -> list[list[int]]:
+    """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""
+    order = [i for i in np.argsort([len(row) for row in ids], kind="stable") if ids[i]]
+    outputs: list[list[int]] = [[] for _ in ids]
+    bar = tqdm(total=len(order), unit=" sent", disable=not progress, file=sys.stderr)
+    start = 0
+    while start < len(order):
+        end = start + 1  # sorted by length: the last sentence of a batch is its longest
+        while end < len(order) and (end - start + 1) * (len(ids[order[end]]) + 1) <= search.max_tokens:
+            end += 1
+        batch = order[start:end]
+        src = pad_rows([np.asarray(ids[i]) for i in batch], suffix=EOS).to(device)
+        if search.beam == 1:
+            hyps = greedy(model, src, search.max_extra)
+        else:
+            hyps = beam_search(model, src, search.beam, search.alpha, search.max_extra)
+        for i, hyp in zip(batch, hyps):
+            outputs[i] = hyp.tokens
+        bar.update(len(batch))
+        start = end
+    bar.close()
+    return outputs
+
+
+def translate_lines(model: Transformer, vocab: Vocab, lines: list[str], search: SearchConfig = SearchConfig(),
+                    device: torch.device = torch.device("cpu"), progress: bool = False) -> list[str]:
+    ids = encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens))
+    return [vocab.decode(row) for row in translate_ids(model, ids, search, device, progress)]

@@ -1,0 +1,49 @@
+"""What a training run reports: train.log and stderr lines, TensorBoard scalars and the progress bar (rank 0;
+the other ranks report nothing)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger("nmt.train")
+
+
+class Metrics:
+    def __init__(self, out: Path, main: bool, total: int, initial: int):
+        self.writer = None
+        if main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(out / "tensorboard"))
+        self.bar = tqdm(total=total, initial=initial, unit="upd", disable=not main, dynamic_ncols=True,
+                        mininterval=0.5 if sys.stderr.isatty() else 60)
+        self.tokens, self.since = 0, time.monotonic()
+
+    def update(self, step: int, scalars: dict, log_now: bool) -> None:
+        """One update done; log_now: log its scalars with the target tokens per second since the last log."""
+        self.bar.update(1)
+        self.tokens += scalars["tokens"]
+        if log_now:
+            now = time.monotonic()
+            scalars = {**scalars, "tokens_per_s": self.tokens / max(now - self.since, 1e-9)}
+            self.tokens, self.since = 0, now
+            self.log("train", step, scalars)
+            self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", ppl=f"{scalars['ppl']:.1f}",
+                                 tok_s=f"{scalars['tokens_per_s']:.0f}", lr=f"{scalars['lr']:.2e}")
+
+    def log(self, prefix: str, step: int, stats: dict) -> None:
+        if self.writer is None:
+            return
+        shown = {k: v for k, v in stats.items() if isinstance(v, float) or k == "tokens"}
+        for key, value in shown.items():
+            self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        self.writer.flush()
+        log.info("%s update %d: %s", prefix, step, " ".join(f"{k} {v:.4g}" for k, v in shown.items()))
+
+    def close(self) -> None:
+        self.bar.close()

@@ -172,11 +172,11 @@ def test_separate_key_and_value_tables():
 @pytest.mark.parametrize("terms", ["both", "key"])
 def test_many_buckets_path_matches_literal_and_autograd(terms, monkeypatch):
     """Long sequences with a large k take the scatter_add path instead of the one-hot GEMM."""
-    import nmt.attention
+    from nmt.kernels import torch_attention
 
     q, k, v, rk, rv = make_inputs(B=1, H=2, Nq=12, Nk=12, D=3, clip=20)
     rv = rv if terms == "both" else None
-    monkeypatch.setattr(nmt.attention, "ONE_HOT_MAX_BUCKETS", 4)
+    monkeypatch.setattr(torch_attention, "ONE_HOT_MAX_BUCKETS", 4)
     got = relation_aware_attention(q, k, v, rk, rv, 20, causal=True)
     torch.testing.assert_close(got, literal_attention(q, k, v, rk, rv, 20, causal=True), rtol=1e-10, atol=1e-10)
     inputs = [t.requires_grad_(True) for t in (q, k, v, rk) + ((rv,) if rv is not None else ())]

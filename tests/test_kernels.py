@@ -17,6 +17,7 @@ from nmt.config import ConfigError  # noqa: E402
 from nmt.kernels import dispatch  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
 from nmt.kernels import tiles  # noqa: E402
+from nmt.kernels.window import EdgeWindow  # noqa: E402
 from nmt.kernels.dispatch import AttentionBackend, KernelFallbackWarning  # noqa: E402
 from tests.test_attention import literal_attention, make_inputs  # noqa: E402
 
@@ -26,17 +27,9 @@ DTYPE = torch.float32 if ON_GPU else torch.float64
 TOL = dict(rtol=2e-4, atol=2e-4) if ON_GPU else dict(rtol=1e-10, atol=1e-10)
 
 
-def window(nq, nk, clip, q_offset):
-    """The first and last edge vector the lengths reach (as nmt.attention computes it)."""
-    lo = min(clip, max(-clip, -(q_offset + nq - 1))) + clip
-    hi = min(clip, max(-clip, nk - 1 - q_offset)) + clip
-    return lo, hi
-
-
 def fused(q, k, v, rk, rv, clip, pad=None, causal=False, q_offset=0, dropout_p=0.0):
-    lo, hi = window(q.shape[2], k.shape[2], clip, q_offset)
-    rk, rv = (None if t is None else t[..., lo : hi + 1, :] for t in (rk, rv))
-    return kernel.relative_attention(q, k, v, rk, rv, clip, lo, pad, causal, q_offset, dropout_p)
+    window = EdgeWindow.of(q.shape[2], k.shape[2], clip, q_offset)
+    return kernel.relative_attention(q, k, v, rk, rv, window, pad, causal, q_offset, dropout_p)
 
 
 def inputs(b=2, h=2, nq=5, nk=5, clip=2, shared=False, terms="both", seed=0):

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from nmt.config import Attention, ConfigError, ModelConfig, Position
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block, fits_grid, head_block
+from nmt.kernels.window import EdgeWindow
 
 log = logging.getLogger("nmt.kernels")
 
@@ -167,8 +168,8 @@ def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, trai
 def self_test(case: Case, device: torch.device) -> str | None:
     """Forward and backward of a small problem of this case through the kernel and through the PyTorch path;
     None if the kernel agrees (within TOLERANCE), else what went wrong."""
-    from nmt.attention import reference_attention
     from nmt.kernels import relative_attention as kernel
+    from nmt.kernels.torch_attention import reference_attention
 
     g = torch.Generator().manual_seed(0)
     clip = (case.buckets_block - 1) // 2  # every bucket of the register block in use
@@ -186,6 +187,7 @@ def self_test(case: Case, device: torch.device) -> str | None:
         pad = torch.zeros(b, nk, dtype=torch.bool, device=device)
         pad[1, nk - 5:] = True
     dropout_p = 0.25 if case.dropout else 0.0
+    window = EdgeWindow(clip, 0, 2 * clip)  # the whole table: R = 2k+1 rows in the case's register block
     weight = torch.randn(b, h, nq, d, generator=g, dtype=torch.float64).to(device)
 
     def run(fn, dtype):
@@ -198,7 +200,7 @@ def self_test(case: Case, device: torch.device) -> str | None:
         seed = torch.tensor([12345], device=device) if case.dropout else None
         keep = kernel.dropout_keep_mask(seed, b, h, nq, nk, dropout_p) if case.dropout else None
         got = run(lambda q, k, v, rk, rv: kernel.relative_attention(
-            q, k, v, rk, rv, clip, 0, pad, case.causal, q_offset, dropout_p, seed, fallback=False), case.dtype)
+            q, k, v, rk, rv, window, pad, case.causal, q_offset, dropout_p, seed, fallback=False), case.dtype)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except torch.OutOfMemoryError:
@@ -207,7 +209,7 @@ def self_test(case: Case, device: torch.device) -> str | None:
         return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
     def reference(q, k, v, rk, rv):
-        return reference_attention(q, k, v, rk, rv, clip, 0, pad, case.causal, q_offset, keep, dropout_p)
+        return reference_attention(q, k, v, rk, rv, window, pad, case.causal, q_offset, keep, dropout_p)
 
     want, baseline = run(reference, torch.float64), run(reference, case.dtype)
     names = ["output"] + [f"grad {n}" for n, t in zip(("q", "k", "v", "a^K", "a^V"), inputs) if t is not None]

@@ -14,8 +14,8 @@ gradients are small GEMMs over those bucket sums, outside the kernels. Only q, k
 log-sum-exp are kept for backward.
 Dropout on the probabilities draws from Philox by (batch-head, i, j), so backward redraws the same mask.
 
-Only the window of edge vectors that the lengths reach is passed in (the caller's `lo`), so the paper's
-k = 256 costs no more than k = N. The whole thing is a torch custom op: torch.compile treats it as one
+Only the window of edge vectors that the lengths reach goes to the kernels (nmt/kernels/window.py), so the
+paper's k = 256 costs no more than k = N. The whole thing is a torch custom op: torch.compile treats it as one
 opaque node (no graph break) and autograd calls the backward op.
 The device code is in nmt/kernels/relative_attention_triton.py; this file is the op around it. Tests run
 the kernels on the CPU through Triton's interpreter (TRITON_INTERPRET=1).
@@ -33,6 +33,7 @@ from torch import Tensor
 
 from nmt.kernels import relative_attention_triton as triton_code
 from nmt.kernels.tiles import Tiles, buckets_block, choose_tiles, grid, head_block
+from nmt.kernels.window import EdgeWindow
 
 def _constexprs(q: Tensor, rel_k, rel_v, key_padding_mask, causal: bool, dropout_p: float, r: int,
                 tiles: Tiles) -> dict:
@@ -189,7 +190,7 @@ def _setup_context(ctx, inputs, output):
     ctx.fallback = fallback
 
 
-def _table_grad(weights: Tensor, x: Tensor, table: Tensor) -> Tensor:
+def _edge_table_grad(weights: Tensor, x: Tensor, table: Tensor) -> Tensor:
     """sum over (b, i) of bucket weights (B, H, Nq, R) times rows x (B, H, Nq, D): (H, R, D), or (R, D) shared."""
     grad = torch.einsum("bhir,bhid->hrd", weights, x.to(weights.dtype))
     return (grad.sum(0) if table.dim() == 2 else grad).to(table.dtype)
@@ -208,8 +209,8 @@ def _backward(ctx, grad_out, _grad_lse):
         return (*_pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, *ctx.args, err),
                 *[None] * 8)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    grad_rel_k = None if rel_k is None else _table_grad(ds_mass, q, rel_k) * scale
-    grad_rel_v = None if rel_v is None else _table_grad(p_mass, grad_out, rel_v)
+    grad_rel_k = None if rel_k is None else _edge_table_grad(ds_mass, q, rel_k) * scale
+    grad_rel_v = None if rel_v is None else _edge_table_grad(p_mass, grad_out, rel_v)
     return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None, None, None, None
 
 
@@ -217,8 +218,8 @@ def _pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed,
                         dropout_p, err) -> list:
     """Gradients of q, k, v and the tables from the PyTorch path (with the kernel's dropout mask), after the
     backward kernel raised; the case is then kept off the kernel, with one warning."""
-    from nmt.attention import reference_attention
     from nmt.kernels.dispatch import BACKWARD_FAILED, KernelFallbackWarning, case_of
+    from nmt.kernels.torch_attention import reference_attention
 
     case = case_of(q, rel_k, rel_v, (rel_k if rel_k is not None else rel_v).shape[-2], key_padding_mask is not None,
                    causal, dropout_p)
@@ -231,7 +232,8 @@ def _pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed,
     keep = None if seed is None else dropout_keep_mask(seed, b, h, nq, k.shape[2], dropout_p)
     leaves = [None if t is None else t.detach().requires_grad_(True) for t in (q, k, v, rel_k, rel_v)]
     with torch.enable_grad():
-        out = reference_attention(*leaves, clip, lo, key_padding_mask, causal, q_offset, keep, dropout_p)
+        window = EdgeWindow(clip, lo, lo + (rel_k if rel_k is not None else rel_v).shape[-2] - 1)
+        out = reference_attention(*leaves, window, key_padding_mask, causal, q_offset, keep, dropout_p)
         grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad_out)
     grads = iter(grads)
     return [None if t is None else next(grads) for t in leaves]
@@ -240,17 +242,18 @@ def _pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed,
 _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None, clip: int,
-                       lo: int, key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0,
-                       dropout_p: float = 0.0, seed: Tensor | None = None, fallback: bool = True) -> Tensor:
-    """Eq. 3-5 like nmt.attention.relation_aware_attention, with the tables already cut to the window of
-    edge vectors that occurs (rows lo..lo+R-1 of the 2k+1). At least one table must be given.
+def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
+                       window: EdgeWindow, key_padding_mask: Tensor | None = None, causal: bool = False,
+                       q_offset: int = 0, dropout_p: float = 0.0, seed: Tensor | None = None,
+                       fallback: bool = True) -> Tensor:
+    """Eq. 3-5 like nmt.attention.relation_aware_attention, over the window's edge vectors of the (2k+1)-row
+    tables. At least one table must be given.
     seed: the dropout draw's (1,) int64 seed; by default drawn on the device (no host sync), and only when there
     is dropout (decoding and eval launch nothing for it)."""
     if seed is None and dropout_p > 0.0:
         seed = torch.randint(0, 2**31 - 1, (1,), device=q.device)
-    out, _ = _attention_op(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p,
-                           fallback)
+    out, _ = _attention_op(q, k, v, window.cut(rel_k), window.cut(rel_v), key_padding_mask, seed, window.clip,
+                           window.lo, causal, q_offset, dropout_p, fallback)
     return out
 
 

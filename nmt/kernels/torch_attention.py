@@ -1,0 +1,222 @@
+"""The PyTorch path of relation-aware attention (Eq. 3-5): what runs on CPUs, the reference the fused kernel is
+checked against, and what torch.compile traces when the kernel is not in use.
+
+The paper's formulation materializes a^K and a^V as (N, N, D) tensors. We never do: the key term is q against
+the window's edge vectors, (Nq, R), gathered into the score matrix; the value term sums attention probabilities
+into R distance buckets and multiplies the (Nq, R) bucket masses by the table. Both are O(Nq * Nk + Nq * R * D).
+When a^V is off, the key term is an additive bias for `F.scaled_dot_product_attention` (measured faster on CPU,
+scripts/bench_attention.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt.kernels.window import EdgeWindow
+
+
+def attention_mask(nq, nk, key_padding_mask, causal, q_offset, device) -> Tensor | None:
+    """Boolean (B or 1, 1, Nq, Nk) mask, True = may not attend; None when nothing is masked."""
+    mask = None
+    if causal:
+        query_pos = torch.arange(q_offset, q_offset + nq, device=device)
+        mask = (torch.arange(nk, device=device)[None, :] > query_pos[:, None])[None, None]
+    if key_padding_mask is not None:
+        pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
+        mask = pad if mask is None else (mask | pad)
+    return mask
+
+
+def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
+                       window: EdgeWindow | None, key_padding_mask: Tensor | None = None, causal: bool = False,
+                       q_offset: int = 0, dropout_p: float = 0.0) -> Tensor:
+    """Eq. 3-5 as nmt.attention.relation_aware_attention documents it; window None: no tables (plain attention)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    mask = attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
+    # Rows with no visible key (fully padded) must give 0, not NaN nor a uniform average.
+    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    if window is None:
+        return sdpa(q, k, v, None, mask, empty_rows, dropout_p)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    buckets = window.buckets(nq, nk, q_offset, q.device)  # (Nq, Nk) in [0, R)
+    rel_k = None if rel_k is None else window.cut(rel_k).to(q.dtype)
+    if rel_v is None:
+        # a^K only: the key term is an additive bias, so the fused SDPA kernel does the rest.
+        edge_scores = _edge_scores(q.transpose(0, 1).contiguous() * scale, rel_k).transpose(0, 1)
+        key_bias = edge_scores.gather(-1, buckets.expand(*q.shape[:-1], nk))  # (B, H, Nq, Nk)
+        return sdpa(q, k, v, key_bias, mask, empty_rows, dropout_p)
+    rel_v = window.cut(rel_v).to(q.dtype)
+    if torch.compiler.is_compiling():  # plain ops: the compiler derives the backward and fuses the n^2 work
+        return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
+    return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
+
+
+def reference_attention(q, k, v, rel_k, rel_v, window: EdgeWindow, key_padding_mask=None, causal=False, q_offset=0,
+                        keep: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Eq. 3-5 in plain differentiable ops, with the window's rows of the tables given and dropout as an explicit
+    (B, H, Nq, Nk) keep mask: what the kernel's self-test and backward fallback compare against."""
+    mask = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
+    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    buckets = window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
+    return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p,
+                               1.0 / math.sqrt(q.shape[-1]), keep)
+
+
+def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, keep=None) -> Tensor:
+    """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces.
+    keep: a given dropout mask instead of a fresh draw."""
+    scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
+    if rel_k is not None:  # Eq. 4's q_i . a^K_ij, gathered from q against the 2k+1 edge vectors
+        edge = q @ rel_k.transpose(-1, -2).unsqueeze(0) if rel_k.dim() == 3 else q @ rel_k.t()
+        scores = scores + edge.gather(-1, buckets.expand(*q.shape[:-1], -1)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+    if empty_rows is not None:
+        probs = probs.masked_fill(empty_rows, 0.0)
+    if keep is not None:
+        probs = probs * keep * (1.0 / (1.0 - dropout_p))
+    elif dropout_p > 0.0:
+        probs = F.dropout(probs, dropout_p)
+    if rel_v is None:
+        return probs @ v
+    one_hot = (buckets.unsqueeze(-1) == torch.arange(rel_v.shape[-2], device=q.device)).to(q.dtype)
+    bucket_mass = torch.einsum("bhij,ijr->bhir", probs, one_hot)  # (B, H, Nq, 2k+1)
+    edge_values = bucket_mass @ rel_v.unsqueeze(0) if rel_v.dim() == 3 else bucket_mass @ rel_v
+    return probs @ v + edge_values  # Eq. 3
+
+
+# The hand-written core works heads-first, (H, B, N, D): a per-head edge table then meets its
+# (B * N, D) rows in one batched GEMM per head, with no permuted copies (einsum made four per step).
+
+
+def _edge_scores(x: Tensor, table: Tensor) -> Tensor:
+    """x (H, B, N, D) against edge vectors (R, D) or (H, R, D) -> (H, B, N, R)."""
+    if table.dim() == 2:
+        return x @ table.t()
+    h, b, n, d = x.shape
+    return torch.bmm(x.view(h, b * n, d), table.transpose(1, 2)).view(h, b, n, -1)
+
+
+def _edge_values(bucket_weights: Tensor, table: Tensor) -> Tensor:
+    """(H, B, N, R) weights times edge vectors (R, D) or (H, R, D) -> (H, B, N, D)."""
+    if table.dim() == 2:
+        return bucket_weights @ table
+    h, b, n, r = bucket_weights.shape
+    return torch.bmm(bucket_weights.reshape(h, b * n, r), table).view(h, b, n, -1)
+
+
+def _table_grad(bucket_weights: Tensor, x: Tensor, shared: bool) -> Tensor:
+    """Gradient of an edge table from per-bucket weights (H, B, N, R) and x (H, B, N, D)."""
+    h, r, d = x.shape[0], bucket_weights.shape[-1], x.shape[-1]
+    if shared:
+        return bucket_weights.reshape(-1, r).t() @ x.reshape(-1, d)
+    return torch.bmm(bucket_weights.reshape(h, -1, r).transpose(1, 2), x.reshape(h, -1, d))
+
+
+# Up to this many buckets, summing by a one-hot GEMM beats scatter_add (serialized on CPU);
+# beyond it the (Nq, Nk, R) one-hot grows too large.
+ONE_HOT_MAX_BUCKETS = 64
+
+
+def _bucket_sums(weights: Tensor, buckets: Tensor, num_buckets: int, one_hot: Tensor | None) -> Tensor:
+    """Sum (..., Nq, Nk) weights into (..., Nq, R) distance buckets; buckets is (Nq, Nk)."""
+    if one_hot is not None:
+        return torch.einsum("xyij,ijr->xyir", weights, one_hot)
+    out = weights.new_zeros(*weights.shape[:-1], num_buckets)
+    return out.scatter_add_(-1, buckets.expand_as(weights), weights)
+
+
+def _one_hot(buckets: Tensor, num_buckets: int, dtype) -> Tensor | None:
+    """(Nq, Nk, R) indicator for bucket sums by GEMM, or None where scatter_add is cheaper."""
+    if num_buckets > ONE_HOT_MAX_BUCKETS:
+        return None
+    return (buckets.unsqueeze(-1) == torch.arange(num_buckets, device=buckets.device)).to(dtype)
+
+
+def _bmm(a: Tensor, b: Tensor, bias: Tensor | None = None, alpha: float = 1.0) -> Tensor:
+    """alpha * a @ b (+ bias) over the two leading dims; bias and scale are applied inside the GEMM."""
+    *lead, n, _ = a.shape
+    m = b.shape[-1]
+    a3, b3 = a.reshape(-1, n, a.shape[-1]), b.reshape(-1, b.shape[-2], m)
+    if bias is None:
+        out = torch.bmm(a3, b3) if alpha == 1.0 else torch.baddbmm(a3.new_empty(()), a3, b3, beta=0.0, alpha=alpha)
+    else:
+        out = torch.baddbmm(bias.reshape(-1, n, m), a3, b3, alpha=alpha)
+    return out.view(*lead, n, m)
+
+
+class _RelativeAttention(torch.autograd.Function):
+    """Eq. 3-5 with a^V, written out so that the (Nq, Nk) matrices are touched as few times as
+    possible and only the probabilities (plus the dropout mask) are kept for backward.
+    The 1/sqrt(D) scale is folded into the GEMMs and the (tiny) a^K table."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale):
+        q, k, v = (t.transpose(0, 1).contiguous() for t in (q, k, v))  # (H, B, N, D)
+        mask = None if mask is None else mask.transpose(0, 1)
+        key_bias = None
+        if rel_k is not None:
+            key_bias = _edge_scores(q, rel_k * scale).gather(-1, buckets.expand(*q.shape[:-1], -1))
+        scores = _bmm(q, k.transpose(-1, -2), key_bias, alpha=scale)  # (H, B, Nq, Nk), Eq. 5
+        if mask is not None:
+            scores.masked_fill_(mask, torch.finfo(scores.dtype).min)
+        probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+        if empty_rows is not None:
+            probs.masked_fill_(empty_rows.transpose(0, 1), 0.0)
+        keep = None
+        dropped = probs
+        if dropout_p > 0.0:
+            draw = probs.new_empty(probs.transpose(0, 1).shape).uniform_()  # drawn in (B, H) order
+            keep = draw.transpose(0, 1) >= dropout_p
+            dropped = probs * keep * (1.0 / (1.0 - dropout_p))
+        # Eq. 3: sum_j alpha_ij (v_j + w^V_{clip(j-i)}) = alpha @ v + (bucket masses) @ w^V
+        num_buckets = rel_v.shape[-2]
+        bucket_mass = _bucket_sums(dropped, buckets, num_buckets, _one_hot(buckets, num_buckets, q.dtype))
+        out = _bmm(dropped, v, _edge_values(bucket_mass, rel_v))
+        ctx.save_for_backward(q, k, v, rel_k, rel_v, buckets, probs, keep, out)
+        ctx.dropout_p, ctx.scale = dropout_p, scale
+        return out.transpose(0, 1)  # (B, H, Nq, D)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, rel_k, rel_v, buckets, probs, keep, out = ctx.saved_tensors
+        p, scale = ctx.dropout_p, ctx.scale
+        num_buckets = rel_v.shape[-2]
+        one_hot = _one_hot(buckets, num_buckets, q.dtype)
+        grad_out = grad_out.transpose(0, 1).contiguous()  # (H, B, Nq, D)
+        dropped = probs if keep is None else probs * keep * (1.0 / (1.0 - p))
+        grad_v = _bmm(dropped.transpose(-1, -2), grad_out)
+        grad_rel_v = _table_grad(_bucket_sums(dropped, buckets, num_buckets, one_hot), grad_out, rel_v.dim() == 2)
+        # d alpha_ij = dO_i . (v_j + w^V_r(i,j))
+        edge_grad = _edge_scores(grad_out, rel_v).gather(-1, buckets.expand(*grad_out.shape[:-1], -1))
+        grad_probs = _bmm(grad_out, v.transpose(-1, -2), edge_grad)
+        if keep is not None:
+            grad_probs = grad_probs * keep * (1.0 / (1.0 - p))
+        # softmax backward; sum_j alpha_ij d alpha_ij = dO_i . out_i (as in FlashAttention)
+        delta = (grad_out * out).sum(-1, keepdim=True)
+        grad_scores = grad_probs.sub_(delta).mul_(probs)  # masked entries have probs == 0
+        grad_rel_k, edge_q = None, None
+        if rel_k is not None:
+            bucket_grad = _bucket_sums(grad_scores, buckets, num_buckets, one_hot)
+            edge_q = _edge_values(bucket_grad, rel_k * scale)
+            grad_rel_k = _table_grad(bucket_grad, q, rel_k.dim() == 2) * scale
+        grad_q = _bmm(grad_scores, k, edge_q, alpha=scale)
+        grad_k = _bmm(grad_scores.transpose(-1, -2), q, alpha=scale)
+        grad_q, grad_k, grad_v = (g.transpose(0, 1) for g in (grad_q, grad_k, grad_v))
+        return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None
+
+
+def sdpa(q, k, v, bias, mask, empty_rows, dropout_p) -> Tensor:
+    """F.scaled_dot_product_attention with an additive bias and a boolean mask folded into one float mask."""
+    if mask is not None:
+        blocked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            mask, torch.finfo(q.dtype).min
+        )
+        bias = blocked if bias is None else bias + blocked
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)

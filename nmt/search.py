@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from nmt.config import SearchConfig
 from nmt.model import BOS, EOS, PAD
 
 
@@ -32,7 +33,7 @@ def max_lengths(src: Tensor, max_extra: int) -> Tensor:
 
 
 @torch.no_grad()
-def greedy(model, src: Tensor, max_extra: int = 50) -> list[Hypothesis]:
+def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra) -> list[Hypothesis]:
     limit = max_lengths(src, max_extra)
     cache = model.start(model.encode(src), src)
     tokens = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
@@ -55,7 +56,8 @@ def _strip(row: list[int]) -> list[int]:
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, beam: int = 4, alpha: float = 0.6, max_extra: int = 50) -> list[Hypothesis]:
+def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
+                max_extra: int = SearchConfig.max_extra) -> list[Hypothesis]:
     """Best hypothesis per sentence under log p(Y|X) / lp(Y).
 
     Each step ranks the 2K best extensions of the K live beams; an EOS among the first K finishes a

@@ -1,6 +1,6 @@
 """The embedded default, end to end on a CPU: prepare -> train -> average -> decode -> score.
 
-    python scripts/demo.py [--updates 800] [--split test|valid] [--output outputs/demo] [overrides ...]
+    python scripts/demo.py [--updates N] [--split test|valid] [--output outputs/demo] [overrides ...]
 
 Bundled Multi30k En-De, the `tiny` relative-position model (configs/experiment/demo.yaml), beam 4 and
 alpha 0.6 on test_2016_flickr. The budget is a number of updates, so every machine trains the same model
@@ -23,14 +23,16 @@ from nmt.runtime import experiment_cpu_precision, retain_freed_memory
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--updates", type=int, default=800, help="training budget in optimizer updates")
+    parser.add_argument("--updates", type=int, help="training budget in optimizer updates (default: "
+                        "configs/experiment/demo.yaml's train.max_steps)")
     parser.add_argument("--split", choices=["test", "valid"], default="test", help="which set to decode and score")
     parser.add_argument("--output", type=Path, default=Path("outputs/demo"))
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the training job")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()
-    overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", f"train.max_steps={args.updates}",
+    budget = [f"train.max_steps={args.updates}"] if args.updates else []
+    overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", *budget,
                  f"train.precision={experiment_cpu_precision().value}", *args.overrides]
     result = train_and_score(overrides, args.output, args.split)
     result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])

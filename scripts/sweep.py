@@ -2,7 +2,7 @@
 
     python scripts/sweep.py table1|table2|table3|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
 
-Every run of a table has the same recipe (configs/experiment/<table>.yaml: the `tiny` model, a budget in
+Every run of a table has the same recipe (configs/experiment/table1.yaml, or length.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
 writes results/<table>/<row>/seed<k>/{result.json, test.hyp.<tgt>, config.yaml, train.log, tensorboard/}.
 A run whose result.json exists is skipped, so a sweep killed half-way resumes where it stopped; a run
@@ -54,7 +54,8 @@ KEPT = ("result.json", "config.yaml", "train.log")
 
 def run_overrides(table: str, pair: str, row_overrides: list[str], seed: int, device: str) -> list[str]:
     precision = [f"train.precision={experiment_cpu_precision().value}"] if device == "cpu" else []
-    return ["model=tiny", f"data=multi30k_{pair.replace('-', '_')}", f"+experiment={table}", *row_overrides,
+    recipe = "length" if table == "length" else "table1"  # Tables 1-3 share one recipe
+    return ["model=tiny", f"data=multi30k_{pair.replace('-', '_')}", f"+experiment={recipe}", *row_overrides,
             f"train.seed={seed}", *precision]
 
 

@@ -12,10 +12,29 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from nmt.config import DataConfig
+from nmt.config import DataConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = ROOT / "data" / "multi30k"
+
+
+# The micro model the tests train and run: one home for its shape; a test that needs another overrides fields.
+MICRO_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, clip=4)
+
+
+def micro_config(**overrides) -> ModelConfig:
+    return ModelConfig(**{**MICRO_MODEL, **overrides})
+
+
+def model_overrides(**overrides) -> list[str]:
+    """The micro model as nmt.train's command-line overrides."""
+    return [f"model.{k}={v}" for k, v in {**MICRO_MODEL, **overrides}.items()]
+
+
+def data_overrides(data: DataConfig, **overrides) -> list[str]:
+    """A prepared local corpus (the `prepared` fixture) as command-line overrides."""
+    fields = ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir", "chunk_lines")
+    return ["data=local", *[f"data.{k}={overrides.get(k, getattr(data, k))}" for k in fields]]
 
 
 def load_script(name: str):

@@ -7,18 +7,14 @@ import subprocess
 import sys
 
 from nmt.experiment import run_identity, same_config, train_and_score
-from tests.conftest import MULTI30K, ROOT, load_script
+from tests.conftest import MULTI30K, ROOT, data_overrides, load_script, model_overrides
 
 results_table = load_script("results_table")
 sweep = load_script("sweep")
 
 
 def local_overrides(prepared):
-    data = [f"data.{k}={getattr(prepared, k)}" for k in
-            ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir")]
-    model = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
-             "model.ffn_dim=64"]
-    return ["data=local", *data, *model, "train.max_steps=4", "train.max_tokens=600", "train.save_every_steps=2",
+    return [*data_overrides(prepared), *model_overrides(), "train.max_steps=4", "train.max_tokens=600", "train.save_every_steps=2",
             "train.average_last=2", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1"]
 
 

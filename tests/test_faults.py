@@ -20,8 +20,8 @@ from nmt.checkpoint import LAST, PREVIOUS, WEIGHTS, CheckpointError, load_checkp
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import DataError
 from nmt.train import EXIT_STOPPED, run
-from tests.conftest import ROOT
-from tests.test_train import MICRO_MODEL, job
+from tests.conftest import ROOT, data_overrides, model_overrides
+from tests.test_train import job
 
 # as the Makefile and the SLURM script launch torchrun: restarted workers must not read the last attempt's
 # addresses from a store shared with the rendezvous (they hung in gloo's connectFullMesh)
@@ -30,12 +30,10 @@ STEPS = 40
 
 
 def overrides(data, out: Path, **train) -> list[str]:
-    fields = ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir", "chunk_lines")
     settings = {**dict(max_steps=STEPS, max_tokens=300, valid_every=0, valid_bleu_sentences=0, seed=3, threads=1,
                        log_every=1, save_every_steps=4, output_dir=out), **train}
-    return ["data=local", *[f"data.{k}={getattr(data, k)}" for k in fields],
-            *[f"model.{k}={v}" for k, v in MICRO_MODEL.items()], "optim.warmup=4",
-            *[f"train.{k}={v}" for k, v in settings.items()]]  # dropout stays on: the RNG streams matter
+    return [*data_overrides(data), *model_overrides(), "optim.warmup=4",  # dropout stays on: the RNG streams matter
+            *[f"train.{k}={v}" for k, v in settings.items()]]
 
 
 def torchrun(*args, restarts=0, module="nmt.train"):
@@ -219,10 +217,8 @@ def test_damaged_prepared_data_is_found_at_open(prepared, damaged, damage, tmp_p
 
 def test_damaged_prepared_data_is_one_line_exit_2_from_the_command(prepared, damaged, tmp_path):
     (damaged / "train.src.bin").write_bytes((damaged / "train.src.bin").read_bytes()[:100])
-    fields = ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "chunk_lines")
     result = subprocess.run(
-        [sys.executable, "-m", "nmt.train", "data=local", *[f"data.{k}={getattr(prepared, k)}" for k in fields],
-         f"data.prepared_dir={damaged}", *[f"model.{k}={v}" for k, v in MICRO_MODEL.items()],
+        [sys.executable, "-m", "nmt.train", *data_overrides(prepared, prepared_dir=damaged), *model_overrides(),
          "train.max_steps=2", "train.valid_every=0", f"train.output_dir={tmp_path}/out"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2

@@ -291,12 +291,11 @@ def test_launch_grid_fits_cuda_limits_for_any_batch_the_batcher_builds():
 
 
 def micro_model(share_heads, backend=None):
-    from nmt.config import ModelConfig
     from nmt.model import Transformer
+    from tests.conftest import micro_config
 
     torch.manual_seed(0)
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=2, ffn_dim=64, clip=3, dropout=0.0,
-                      share_heads=share_heads)
+    cfg = micro_config(decoder_layers=2, clip=3, dropout=0.0, share_heads=share_heads)
     return Transformer(cfg, 40, backend).to(DEVICE, DTYPE)
 
 

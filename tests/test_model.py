@@ -1,16 +1,16 @@
 import pytest
 import torch
 
-from nmt.config import ModelConfig, Norm, Position
+from nmt.config import Norm, Position
 from nmt.model import BOS, PAD, Transformer, reorder
+from tests.conftest import micro_config
 
 VOCAB = 50
 
 
 def small_model(seed=0, **overrides) -> Transformer:
     torch.manual_seed(seed)
-    fields = dict(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, clip=3)
-    cfg = ModelConfig(**{**fields, **overrides})
+    cfg = micro_config(**{**dict(encoder_layers=2, decoder_layers=2, heads=4, clip=3), **overrides})
     return Transformer(cfg, VOCAB).eval()
 
 

@@ -3,9 +3,10 @@ import math
 import pytest
 import torch
 
-from nmt.config import ModelConfig, Position
+from nmt.config import Position
 from nmt.model import BOS, EOS, PAD, Transformer
 from nmt.search import Uncached, beam_search, greedy, length_penalty
+from tests.conftest import micro_config
 
 A, B_ = 4, 5  # two real tokens of the scripted model's vocabulary (0-3 are PAD, UNK, BOS, EOS)
 
@@ -79,7 +80,7 @@ def test_output_length_is_capped_at_source_length_plus_max_extra():
 
 def real_model(position=Position.relative, seed=0):
     torch.manual_seed(seed)
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, ffn_dim=64, clip=3, position=position)
+    cfg = micro_config(encoder_layers=2, decoder_layers=2, heads=4, clip=3, position=position)
     model = Transformer(cfg, 40).eval()
     with torch.no_grad():  # a peaked output distribution so that hypotheses end at varied lengths
         model.embed.weight[EOS] *= 3

@@ -12,22 +12,21 @@ from nmt import train as train_module
 from nmt.average import main as average_main
 from nmt.checkpoint import (LAST, PREVIOUS, CheckpointError, average_checkpoints, latest_usable, load_checkpoint,
                             numbered_checkpoints, save_checkpoint)
-from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
+from nmt.config import OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
 from nmt.data.shards import EncodedSplit
 from nmt.loss import smoothed_loss
 from nmt.optim import inverse_sqrt_lr, linear_decay_lr, peak_lr
 from nmt.train import run
-from tests.conftest import ROOT
+from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
 
-MICRO_MODEL = dict(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, clip=4)
 
 
 def job(data, out: Path, **train) -> TrainJob:
     fields = dict(max_steps=6, max_tokens=600, save_every_steps=2, keep_last=10, log_every=1, valid_every=0,
                   output_dir=str(out), threads=1, seed=3)
-    return TrainJob(model=ModelConfig(**MICRO_MODEL), data=data,
+    return TrainJob(model=micro_config(), data=data,
                     optim=OptimConfig(warmup=4, lr_scale=2.0), train=TrainConfig(**{**fields, **train}))
 
 
@@ -224,7 +223,7 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
     torch._dynamo.reset()
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # reset() keeps the counters
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(**MICRO_MODEL, dropout=0.0), 600)
+    model = Transformer(micro_config(dropout=0.0), 600)
     compiled = torch.compile(model, dynamic=True)
     shard = EncodedSplit(prepared_dir(prepared), "train", 600)
     for indices in ([0, 1, 2], [5, 9], [100, 3, 44, 71, 12], [7]):  # four different (B, N) shapes
@@ -244,7 +243,7 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs_before  # the trainer compiled
     state = load_checkpoint(tmp_path / LAST)["model"]
     assert not any("_orig_mod" in key for key in state)
-    Transformer(ModelConfig(**MICRO_MODEL), 600).load_state_dict(state)
+    Transformer(micro_config(), 600).load_state_dict(state)
 
 
 def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_path):
@@ -253,11 +252,7 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
     lengths = (shard.src_lengths + 1, shard.tgt_lengths + 1)
     budget = next(m for m in range(600, 700, 10) if len(make_batches(*lengths, m, 3, 0, 1)) % 2 == 0)
     overrides = [
-        "data=local", f"data.train={prepared.train}", f"data.valid={prepared.valid}", f"data.test={prepared.test}",
-        f"data.vocab_size={prepared.vocab_size}", f"data.max_len={prepared.max_len}",
-        f"data.max_ratio={prepared.max_ratio}", f"data.prepared_dir={prepared.prepared_dir}",
-        f"data.chunk_lines={prepared.chunk_lines}",
-        *[f"model.{k}={v}" for k, v in MICRO_MODEL.items()], "model.dropout=0.0", "optim.warmup=4", "optim.lr_scale=2.0",
+        *data_overrides(prepared), *model_overrides(dropout=0.0), "optim.warmup=4", "optim.lr_scale=2.0",
         "train.max_steps=3", f"train.max_tokens={budget}", "train.valid_every=0", "train.seed=3", "train.threads=1",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -278,11 +273,9 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
 def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
     """python -m nmt.train -m model.clip=0,2 (the README's Table 2 sweep) runs one job per value, config.yaml says
     which."""
-    overrides = [f"data.{k}={getattr(prepared, k)}" for k in
-                 ("train", "valid", "test", "vocab_size", "max_len", "max_ratio", "prepared_dir")]
     result = subprocess.run(
-        [sys.executable, "-m", "nmt.train", "-m", "data=local", *overrides,
-         *[f"model.{k}={v}" for k, v in MICRO_MODEL.items() if k != "clip"], "model.clip=0,2", "train.max_steps=2",
+        [sys.executable, "-m", "nmt.train", "-m", *data_overrides(prepared), *model_overrides(clip="0,2"),
+         "train.max_steps=2",
          "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1", f"hydra.sweep.dir={tmp_path}"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,14 +9,13 @@ import torch
 from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
 from nmt.score import compound_split_bleu, score_files, split_compounds
 from nmt.train import run
-from tests.conftest import ROOT
+from tests.conftest import ROOT, micro_config
 
 
 @pytest.fixture(scope="module")
 def checkpoint(prepared, tmp_path_factory):
     out = tmp_path_factory.mktemp("trained")
-    model = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, heads=2, ffn_dim=64, clip=4,
-                        max_positions=80)
+    model = micro_config(max_positions=80)
     run(TrainJob(model=model, data=prepared, optim=OptimConfig(warmup=10, lr_scale=2.0),
                  train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
                                    output_dir=str(out), threads=1, average_last=2)))

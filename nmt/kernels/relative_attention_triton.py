@@ -66,6 +66,13 @@ def _edge_table(T, h, s_th, rcol, dcol, R, D):
 
 
 @triton.jit
+def _load_rows(BASE, b, h, rows, s_b, s_h, s_n, dcol, N, D):
+    """The (rows, BLOCK_D) tile of head h of batch b in a strided (B, H, N, D) tensor, zero past N and D."""
+    return tl.load(BASE + b * s_b + h * s_h + rows[:, None] * s_n + dcol[None, :],
+                   mask=(rows[:, None] < N) & (dcol[None, :] < D), other=0.0)
+
+
+@triton.jit
 def _keep(SEED, bh, rows, cols, NQ, NK, dropout_p):
     seed = tl.load(SEED)
     return tl.rand(seed, (bh * NQ + rows[:, None]) * NK + cols[None, :]) >= dropout_p
@@ -84,8 +91,7 @@ def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     qpos = rows + Q_OFFSET
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :],
-                mask=(rows[:, None] < NQ) & (dcol[None, :] < D), other=0.0)
+    q = _load_rows(Q, b, h, rows, sqb, sqh, sqn, dcol, NQ, D)
     q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     if HAS_RK:
         q_edge = tl.dot(q, tl.trans(_edge_table(RK, h, s_rkh, rcol, dcol, R, D)), input_precision=PREC)
@@ -99,8 +105,7 @@ def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
         end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * BLOCK_M)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
+        k = _load_rows(K, b, h, cols, skb, skh, skn, dcol, NK, D)
         s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, CLIP, LO, scale, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
@@ -109,7 +114,7 @@ def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE,
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
             p = tl.where(_keep(SEED, bh, rows, cols, NQ, NK, dropout_p), p / (1.0 - dropout_p), 0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
+        v = _load_rows(V, b, h, cols, svb, svh, svn, dcol, NK, D)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         if HAS_RV:
             mass = mass * alpha[:, None] + _bucket_sums(p, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
@@ -153,9 +158,8 @@ def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
                      sqb, sqh, sqn, sdb, sdh, sdn, s_rkh, s_rvh, NQ, D, R,
                      HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, ACC: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
-    mask = (rows[:, None] < NQ) & (dcol[None, :] < D)
-    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqn + dcol[None, :], mask=mask, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdn + dcol[None, :], mask=mask, other=0.0)
+    q = _load_rows(Q, b, h, rows, sqb, sqh, sqn, dcol, NQ, D)
+    do = _load_rows(DO, b, h, rows, sdb, sdh, sdn, dcol, NQ, D)
     q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     do_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     if HAS_RK:
@@ -181,8 +185,8 @@ def backward_kv_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV,
     cols = start_n + tl.arange(0, BLOCK_N)
     dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
-    k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
+    k = _load_rows(K, b, h, cols, skb, skh, skn, dcol, NK, D)
+    v = _load_rows(V, b, h, cols, svb, svh, svn, dcol, NK, D)
     dk = tl.zeros((BLOCK_N, BLOCK_D), ACC)
     dv = tl.zeros((BLOCK_N, BLOCK_D), ACC)
     begin = 0
@@ -226,9 +230,8 @@ def backward_q_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P
         end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * BLOCK_M)
     for start_n in range(0, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
-        kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skn + dcol[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svn + dcol[None, :], mask=kv_mask, other=0.0)
+        k = _load_rows(K, b, h, cols, skb, skh, skn, dcol, NK, D)
+        v = _load_rows(V, b, h, cols, svb, svh, svn, dcol, NK, D)
         used, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
                                        NQ, NK, CLIP, LO, scale, dropout_p,
                                        HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)

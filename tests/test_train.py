@@ -184,7 +184,7 @@ def test_nonfinite_loss_skips_the_update_then_stops(prepared, tmp_path, monkeypa
     assert load_checkpoint(tmp_path / "one" / LAST)["step"] == 4  # the NaN update was skipped, not counted
     assert math.isfinite(sum(t.sum().item() for t in params(tmp_path / "one" / LAST).values()))
 
-    monkeypatch.setattr(train_module, "smoothed_loss", 
+    monkeypatch.setattr(train_module, "smoothed_loss",
                         lambda logits, target, eps: (logits.sum() * float("nan"), logits.sum().detach()))
     with pytest.raises(FloatingPointError, match="3 non-finite losses in a row"):
         run(job(prepared, tmp_path / "all", max_steps=4, max_bad_updates=3))

@@ -16,7 +16,6 @@ triton; the RELNMT_ATTENTION environment variable maps onto auto) and held by th
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import warnings
 from typing import NamedTuple
@@ -28,11 +27,9 @@ from nmt.config import Attention, ConfigError, ModelConfig, Position
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block, fits_grid, head_block
 from nmt.kernels.window import EdgeWindow
 
-log = logging.getLogger("nmt.kernels")
-
 # What auto sends to the kernel, from the compiles for sm_90 and sm_80 (python -m nmt.kernels.resources): half
 # precision with heads of 33 to 128 (every preset has 64). fp32 goes to the PyTorch path (its IEEE tl.dot
-# spilled kilobytes per thread), and so do heads of 32 or less (their dQ kernel spilled 16-40 bytes on sm_90).
+# spilled kilobytes per thread), and so do heads of 32 or less (their backward kernels spilled 8-40 bytes).
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_HEAD_DIMS = (64, 128)  # register blocks: a head size compiles as the next power of two >= 16
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (slow)

@@ -35,6 +35,7 @@ from nmt.kernels import relative_attention_triton as triton_code
 from nmt.kernels.tiles import Tiles, buckets_block, choose_tiles, grid, head_block
 from nmt.kernels.window import EdgeWindow
 
+
 def _constexprs(q: Tensor, rel_k, rel_v, key_padding_mask, causal: bool, dropout_p: float, r: int,
                 tiles: Tiles) -> dict:
     return dict(

@@ -86,6 +86,15 @@ def save_numbered(state: dict, directory: str | Path, step: int, keep_last: int)
     return path
 
 
+def rank_rng(state: dict, rank: int, world_size: int) -> dict:
+    """This rank's generator states from a whole training state: its own when the world size is the same (each
+    rank continues its own dropout streams), else rank 0's."""
+    rng = state["rng"]
+    if not isinstance(rng, list):  # written before the states were kept per rank
+        return rng
+    return rng[rank] if len(rng) == world_size else rng[0]
+
+
 def save_training_state(state: dict, out: Path, keep_last: int, resumable: int, final: bool) -> None:
     """save_numbered for a training run (rank 0). A failed write (a full disk) leaves every earlier checkpoint
     as it was: one error line, and training goes on to the next save; the final save raises CheckpointError."""

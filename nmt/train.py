@@ -22,12 +22,11 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint import CheckpointError, latest_usable, numbered_checkpoints, save_training_state, write_average
+from nmt.checkpoint import CheckpointError, latest_usable, rank_rng, numbered_checkpoints, save_training_state, write_average
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
 from nmt.data.pipeline import load_manifest, open_split, prepare, prepared_dir
 from nmt.data.readers import DataError
-from nmt.data.vocab import Vocab
 from nmt.kernels.dispatch import AttentionBackend, model_cases
 from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
@@ -35,7 +34,7 @@ from nmt.model import Transformer, count_parameters
 from nmt.optim import learning_rate, make_optimizer
 from nmt.runtime import (Env, all_gather, autocast, autocast_dtype, rng_state, set_rng_state, setup_env,
                          stop_signals)
-from nmt.validate import greedy_bleu, validation_loss
+from nmt.validate import Validator
 
 log = logging.getLogger("nmt.train")
 
@@ -82,6 +81,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the data position after them
         self.bad_updates, self.saved_step = 0, -1
+        self.validate = Validator(self.valid_data, data_dir, job.data, self.spm_model, self.cfg.max_tokens,
+                                  self.cfg.valid_bleu_sentences, job.optim.label_smoothing, env, self.amp_dtype)
         self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
         self.start_time = time.monotonic()
 
@@ -104,10 +105,7 @@ class Trainer:
         if state["world_size"] != self.env.world_size:
             log.warning("resuming a %d-process run on %d processes: the data order changes from here",
                         state["world_size"], self.env.world_size)
-        rng = state["rng"]
-        if isinstance(rng, list):  # one entry per rank: each rank continues its own dropout streams
-            rng = rng[self.env.rank] if len(rng) == self.env.world_size else rng[0]
-        set_rng_state(rng, self.env.device)
+        set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
 
     def resume(self) -> None:
         found = latest_usable(self.out)
@@ -197,20 +195,6 @@ class Trainer:
         self.step += 1
         return stats
 
-    # -- validation ----------------------------------------------------------------------------
-    def validate(self, bleu: bool = True) -> dict:
-        """Validation loss (every rank) and greedy BLEU (rank 0, while the others wait at the next collective:
-        a few seconds for valid_bleu_sentences, with the decoding bounded per line)."""
-        stats = validation_loss(self.model, self.valid_data, self.cfg.max_tokens, self.env, self.amp_dtype,
-                                self.job.optim.label_smoothing)
-        if bleu and self.env.main and self.cfg.valid_bleu_sentences > 0:
-            stats["bleu_greedy"] = self.valid_bleu()
-        return stats
-
-    def valid_bleu(self) -> float:
-        return greedy_bleu(self.model, Vocab(model_proto=self.spm_model), self.data_dir, self.job.data,
-                           self.cfg.valid_bleu_sentences, self.env.device, self.amp_dtype)
-
     # -- the loop ------------------------------------------------------------------------------
     def train(self) -> str:
         """The updates, with checkpoints and validation on the way; every rank takes part throughout. Returns
@@ -242,7 +226,7 @@ class Trainer:
                     continue
                 self.metrics.update(self.step, stats.scalars(), self.step % cfg.log_every == 0 or self.step == 1)
                 if cfg.valid_every and self.step % cfg.valid_every == 0 and not stats.stop:
-                    self.metrics.log("valid", self.step, self.validate())
+                    self.metrics.log("valid", self.step, self.validate(self.model))
                     validated = self.step
                 due_by_time = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
                 if self.step % cfg.save_every_steps == 0 or due_by_time or stats.stop:
@@ -262,16 +246,14 @@ class Trainer:
         if stop == "time":
             log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
         if validated != self.step:
-            self.final_valid = self.validate(bleu=False)
+            self.final_valid = self.validate.loss(self.model)
         return "done"
 
     def finish(self) -> None:
         """Rank 0 alone, after the process group is gone: the last validation BLEU and the checkpoint average
         (20 big checkpoints on a slow file system) cannot trip a collective timeout on the other ranks."""
         if self.final_valid is not None:
-            if self.cfg.valid_bleu_sentences > 0:
-                self.final_valid["bleu_greedy"] = self.valid_bleu()
-            self.metrics.log("valid", self.step, self.final_valid)
+            self.metrics.log("valid", self.step, {**self.final_valid, **self.validate.bleu(self.model)})
         if self.cfg.average_last > 0:
             paths = numbered_checkpoints(self.out)[-self.cfg.average_last:]
             log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))

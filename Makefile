@@ -12,7 +12,8 @@ UPDATE_FREQ = $(shell echo $$(( ($(PAPER_BATCH) + $(NPROC) * $(MAX_TOKENS) / 2) 
 MAX_RESTARTS ?= 3
 # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: restarted workers hung in gloo's connectFullMesh otherwise, reading the
 # dead attempt's addresses from the store torchrun's rendezvous shares with them (pytorch/pytorch#135712).
-LAUNCH = TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) --max-restarts=$(MAX_RESTARTS) -m nmt.train
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT: on SIGTERM torchrun gives its workers this long to finish the update and save.
+LAUNCH = TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 $(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) --max-restarts=$(MAX_RESTARTS) -m nmt.train
 PAIR ?= en-de
 TGT = $(word 2,$(subst -, ,$(PAIR)))
 CKPT ?= outputs/base_wmt14_en_de/averaged.pt

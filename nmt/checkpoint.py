@@ -95,31 +95,36 @@ def rank_rng(state: dict, rank: int, world_size: int) -> dict:
     return rng[rank] if len(rng) == world_size else rng[0]
 
 
-def save_training_state(state: dict, out: Path, keep_last: int, resumable: int, final: bool) -> None:
+def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) -> bool:
     """save_numbered for a training run (rank 0). A failed write (a full disk) leaves every earlier checkpoint
-    as it was: one error line, and training goes on to the next save; the final save raises CheckpointError."""
+    as it was and says so in one error line; returns whether the save was written."""
     try:
         log.info("saved %s", save_numbered(state, out, state["step"], keep_last))
-    except OSError as err:
-        message = (f"could not save update {state['step']} in {out} ({err.strerror or err}); the earlier "
-                   f"checkpoints are intact (resumable from update {max(resumable, 0)})")
-        if final:
-            raise CheckpointError(message) from None
-        log.error("%s; training goes on and tries again at the next save", message)
+        return True
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as RuntimeError (inline_container)
+        reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+        log.error("could not save update %d in %s (%s); the earlier checkpoints are intact (resumable from update "
+                  "%d); the next save tries again", state["step"], out, reason, max(resumable, 0))
+        return False
 
 
 def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
     """The newest whole training state that loads: checkpoint_last.pt, else checkpoint_prev.pt, else a numbered
     checkpoint that carries one (written before numbered checkpoints kept only the weights)."""
     directory = Path(directory)
-    candidates = [directory / LAST, directory / PREVIOUS] + numbered_checkpoints(directory)[::-1]
+    staged = directory / f".{LAST}.new"  # written whole, the process ended before renaming it
+    candidates = [staged, directory / LAST, directory / PREVIOUS] + numbered_checkpoints(directory)[::-1]
     for path in candidates:
         if not path.exists():
             continue
         try:
             state = load_checkpoint(path)
         except CheckpointError as err:
-            log.warning("skipping %s", err)
+            if path.name in (LAST, PREVIOUS):  # kept for a look, out of the way of the next save's rotation
+                path.rename(path.with_name(path.name + ".damaged"))
+                log.warning("skipping %s (kept as %s.damaged)", err, path.name)
+            else:
+                log.warning("skipping %s", err)
             continue
         if "optimizer" in state:
             return path, state

@@ -75,6 +75,13 @@ def all_gather(env: Env, value) -> list:
     return gathered
 
 
+def broadcast_flag(env: Env, flag: bool) -> bool:
+    """Rank 0's flag on every rank."""
+    tensor = torch.tensor([int(flag)], device=env.device)
+    dist.broadcast(tensor, 0)
+    return bool(tensor.item())
+
+
 def rng_state(device: torch.device) -> dict:
     state = {"torch": torch.get_rng_state()}
     if device.type == "cuda":

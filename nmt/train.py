@@ -32,7 +32,7 @@ from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
 from nmt.model import Transformer, count_parameters
 from nmt.optim import learning_rate, make_optimizer
-from nmt.runtime import (Env, all_gather, autocast, autocast_dtype, rng_state, set_rng_state, setup_env,
+from nmt.runtime import (Env, all_gather, autocast, broadcast_flag, autocast_dtype, rng_state, set_rng_state, setup_env,
                          stop_signals)
 from nmt.validate import Validator
 
@@ -49,6 +49,7 @@ class UpdateStats:
     grad_norm: float
     tokens: int
     stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1; "time": some rank ran out of train.max_minutes
+    save_due: bool = False  # some rank's train.save_every_minutes ran out (every rank saves together)
     skipped: bool = False  # non-finite loss, or an fp16 overflow: the step counter did not move
 
     def scalars(self) -> dict:
@@ -64,9 +65,11 @@ class Trainer:
         manifest = load_manifest(data_dir)
         if manifest is None:
             raise DataError(f"{data_dir} is not prepared: run python -m nmt.prepare data=<preset> first")
-        self.spm_model = (data_dir / "spm.model").read_bytes()  # checkpoints carry their vocabulary
         self.train_data = open_split(data_dir, manifest, "train")  # DataError if damaged since prepare
         self.valid_data = open_split(data_dir, manifest, "valid")
+        if not (data_dir / "spm.model").is_file():
+            raise DataError(f"{data_dir / 'spm.model'} is missing: rebuild with python -m nmt.prepare ... force=true")
+        self.spm_model = (data_dir / "spm.model").read_bytes()  # checkpoints carry their vocabulary
         torch.manual_seed(self.cfg.seed)
         self.attention = AttentionBackend(self.cfg.attention)
         self.attention.lazy = env.world_size == 1  # under DDP only the cases checked together, before training
@@ -116,11 +119,20 @@ class Trainer:
                      self.batch_index)
 
     def save(self, final: bool = False) -> None:
-        """Every rank takes part (its generator states go into the checkpoint); rank 0 writes."""
+        """Every rank takes part (its generator states go into the checkpoint); rank 0 writes, and every rank
+        learns whether it could: a failed write is retried at the next save (at the end at the latest), and a
+        failed final one ends every rank with CheckpointError."""
         rng = all_gather(self.env, rng_state(self.env.device))
-        resumable, self.saved_step = self.saved_step, self.step  # alike on every rank, whatever the write does
+        written = True
         if self.env.main:
-            save_training_state(self.state_dict(rng), self.out, self.cfg.keep_last, resumable, final)
+            written = save_training_state(self.state_dict(rng), self.out, self.cfg.keep_last, self.saved_step)
+        if self.env.world_size > 1:
+            written = bool(broadcast_flag(self.env, written))
+        if written:
+            self.saved_step = self.step
+        elif final:
+            raise CheckpointError(f"could not save update {self.step} in {self.out}; the earlier checkpoints are "
+                                  f"intact (resumable from update {max(self.saved_step, 0)})")
 
     def check_attention(self) -> None:
         """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
@@ -139,7 +151,8 @@ class Trainer:
             logits = model(batch.src, batch.tgt_in)
         return smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
 
-    def train_step(self, batches: list, out_of_time: bool, signalled: bool = False) -> UpdateStats:
+    def train_step(self, batches: list, out_of_time: bool, signalled: bool = False,
+                   save_due: bool = False) -> UpdateStats:
         """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks.
 
         The host waits for the device once: the loss sums, the gradient norm and the stop flags come back
@@ -155,7 +168,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
-        sums = torch.zeros(5, device=env.device)  # loss, nll, local tokens, out of time, signalled
+        sums = torch.zeros(6, device=env.device)  # loss, nll, local tokens, out of time, signalled, save due
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or env.world_size == 1 else self.data_parallel.no_sync()
@@ -165,15 +178,15 @@ class Trainer:
                 self.scaler.scale(loss * (env.world_size / tokens)).backward()
             sums[0] += loss.detach()
             sums[1] += nll.detach()
-        sums[2], sums[3], sums[4] = local_tokens, float(out_of_time), float(signalled)
+        sums[2], sums[3], sums[4], sums[5] = local_tokens, float(out_of_time), float(signalled), float(save_due)
         if env.world_size > 1:
             dist.all_reduce(sums)
         self.scaler.unscale_(self.optimizer)
         clip = self.job.optim.clip_norm if self.job.optim.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        loss_sum, nll_sum, all_tokens, late, signal, grad_norm = torch.cat([sums, grad_norm.float()[None]]).tolist()
+        loss_sum, nll_sum, all_tokens, late, signal, due, grad_norm = torch.cat([sums, grad_norm.float()[None]]).tolist()
         stop = "signal" if signal > 0 else "time" if late > 0 else None
-        stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop)
+        stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop, due > 0)
         if not math.isfinite(loss_sum):
             self.bad_updates += 1
             self.optimizer.zero_grad(set_to_none=True)
@@ -219,7 +232,9 @@ class Trainer:
         with stop_signals() as signals, contextlib.closing(stream):
             while self.step < cfg.max_steps:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
-                stats = self.train_step(self.next_micro_batches(stream), out_of_time, signals["received"] is not None)
+                due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
+                stats = self.train_step(self.next_micro_batches(stream), out_of_time, signals["received"] is not None,
+                                        due)
                 if stats.skipped:
                     if stats.stop:
                         break
@@ -228,8 +243,7 @@ class Trainer:
                 if cfg.valid_every and self.step % cfg.valid_every == 0 and not stats.stop:
                     self.metrics.log("valid", self.step, self.validate(self.model))
                     validated = self.step
-                due_by_time = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
-                if self.step % cfg.save_every_steps == 0 or due_by_time or stats.stop:
+                if self.step % cfg.save_every_steps == 0 or stats.save_due or stats.stop:
                     self.save(final=stats.stop is not None)
                     last_save = time.monotonic()
                 if stats.stop:

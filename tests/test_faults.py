@@ -133,6 +133,16 @@ def test_a_killed_worker_restarts_the_group_which_ends_bit_identical(prepared, u
     assert_same_parameters(tmp_path / LAST, uninterrupted)
 
 
+def test_ranks_save_by_time_together(prepared, uninterrupted, tmp_path):
+    """train.save_every_minutes is judged on each rank's clock; the ranks agree through the step's reduction, so
+    no rank waits in a save's all-gather while another trains on (a hang before), and the run is unchanged."""
+    result = finished(torchrun(*overrides(prepared, tmp_path, save_every_steps=1000, save_every_minutes=0.0005)),
+                      timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(numbered_checkpoints(tmp_path)) > 3  # saved by time, many times
+    assert_same_parameters(tmp_path / LAST, uninterrupted)
+
+
 def test_a_rank_that_raises_ends_the_job_promptly_with_its_error(prepared, tmp_path):
     start = time.monotonic()
     result = finished(torchrun(*overrides(prepared, tmp_path), module="tests.failing_rank"), timeout=180)
@@ -152,33 +162,45 @@ def test_numbered_checkpoints_hold_the_weights_and_last_and_prev_the_whole_state
     assert extra > 1.9 * model_bytes  # Adam's two moments live in the whole state only
 
 
-def failing_save(fail_steps: set):
-    """torch.save that writes part of the file and then finds the disk full, at the given updates."""
+def failing_save(fail_steps: set, error: str = "OSError"):
+    """torch.save that writes part of the file and then finds the disk full, once at each of the given updates: as
+    an OSError, or as the RuntimeError torch.save itself raises when a write fails (seen on /dev/full)."""
     real = checkpoint_module.torch.save
 
     def save(state, path, *args, **kwargs):
         if state.get("step") in fail_steps:
+            fail_steps.discard(state["step"])
             Path(path).write_bytes(b"partial")
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if error == "OSError":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0: No space left")
         return real(state, path, *args, **kwargs)
 
     return save
 
 
-def test_a_full_disk_keeps_every_earlier_checkpoint_and_says_so_in_one_line(prepared, tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save({4}))
+@pytest.mark.parametrize("error", ["OSError", "RuntimeError"])
+def test_a_full_disk_keeps_every_earlier_checkpoint_and_says_so_in_one_line(prepared, tmp_path, monkeypatch, error):
+    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save({4}, error))
     run(job(prepared, tmp_path, max_steps=6, save_every_steps=2))  # the save at 4 fails; training goes on
     log = (tmp_path / "train.log").read_text()  # what the user reads
     errors = [line for line in log.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "could not save update 4" in errors[0] and "No space left" in errors[0]
+    # the save at update 6 (the last, and a multiple of save_every_steps) wrote: nothing left to retry
     assert "intact" in errors[0] and "Traceback" not in log
     assert [p.name for p in numbered_checkpoints(tmp_path)] == ["checkpoint_0000002.pt", "checkpoint_0000006.pt"]
     assert load_checkpoint(tmp_path / LAST)["step"] == 6 and load_checkpoint(tmp_path / PREVIOUS)["step"] == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left behind
 
-    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save({8}))
+    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save({8}, error))
     with pytest.raises(CheckpointError, match="could not save update 8.*intact.*resumable from update 6"):
         run(job(prepared, tmp_path, max_steps=8, save_every_steps=100))  # the final save fails: the run says so
+    assert load_checkpoint(tmp_path / LAST)["step"] == 6
+
+
+def test_a_failed_save_at_the_last_update_is_retried_before_the_run_ends(prepared, tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_module.torch, "save", failing_save({6}))
+    run(job(prepared, tmp_path, max_steps=6, save_every_steps=2))  # 6 is a save_every_steps save, and the last
     assert load_checkpoint(tmp_path / LAST)["step"] == 6
 
 

@@ -199,13 +199,15 @@ def checked_backend():
     return AttentionBackend("auto", devices=(DEVICE,), dtypes=(DTYPE,), head_dims=(16,))
 
 
-def layer_run(backend, repeats=2):
-    """Output and gradients of one relative layer (one case), run `repeats` times."""
+def layer_run(backend, repeats=2, table_dtype=DTYPE):
+    """Output and gradients of one relative layer (one case), run `repeats` times; the edge tables may be kept in
+    another dtype than q, k, v (as parameters are under autocast)."""
     q, k, v, rk, rv = inputs(nq=20, nk=20, clip=3, seed=4)
     pad = torch.zeros(2, 20, dtype=torch.bool)
     pad[1, 17:] = True
     for _ in range(repeats):
-        leaves = [t.detach().to(DEVICE, DTYPE).requires_grad_(True) for t in (q, k, v, rk, rv)]
+        leaves = [t.detach().to(DEVICE, dtype).requires_grad_(True)
+                  for t, dtype in zip((q, k, v, rk, rv), [DTYPE] * 3 + [table_dtype] * 2)]
         out = relation_aware_attention(*leaves, 3, key_padding_mask=pad.to(DEVICE), backend=backend)
         out.pow(2).sum().backward()
     return [out.detach()] + [t.grad for t in leaves]
@@ -254,10 +256,11 @@ def test_a_failing_kernel_gives_the_pytorch_path_with_one_warning(fault, monkeyp
         torch.testing.assert_close(g, w, **TOL)
 
 
-def test_backward_falls_back_when_its_launch_raises_after_the_self_test(monkeypatch):
+@pytest.mark.parametrize("table_dtype", [DTYPE, torch.float32])
+def test_backward_falls_back_when_its_launch_raises_after_the_self_test(table_dtype, monkeypatch):
     monkeypatch.setattr(dispatch, "BACKWARD_FAILED", set())
     backend = checked_backend()
-    layer_run(backend, repeats=1)  # passes the self-test
+    layer_run(backend, repeats=1, table_dtype=table_dtype)  # passes the self-test
     assert list(backend.verdicts.values()) == [True]
     real_launch = kernel.launch
 
@@ -272,11 +275,24 @@ def test_backward_falls_back_when_its_launch_raises_after_the_self_test(monkeypa
     monkeypatch.setattr(kernel, "forward", lambda *a, **kw: forwards.append(1) or real_forward(*a, **kw))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        got = layer_run(backend, repeats=3)
+        got = layer_run(backend, repeats=3, table_dtype=table_dtype)
     assert len(fallback_warnings(record)) == 1
     assert len(forwards) == 1  # after the failure, the case runs the PyTorch path
-    for g, w in zip(got, layer_run(None)):
+    want = layer_run(None, table_dtype=table_dtype)
+    assert [g.dtype for g in got] == [w.dtype for w in want]
+    for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
+
+
+def test_a_case_first_met_while_decoding_passes_its_self_test():
+    """translate meets its cases under no_grad (and autocast on a GPU): the self-test still runs its backward."""
+    backend = checked_backend()
+    q, k, v, rk, rv = on_device(*inputs(nq=1, nk=9, clip=2))
+    with warnings.catch_warnings(record=True) as record, torch.no_grad():
+        warnings.simplefilter("always")
+        out = relation_aware_attention(q, k, v, rk, rv, 2, causal=True, q_offset=8, backend=backend)
+    assert fallback_warnings(record) == [] and list(backend.verdicts.values()) == [True]
+    torch.testing.assert_close(out, relation_aware_attention(q, k, v, rk, rv, 2, causal=True, q_offset=8), **TOL)
 
 
 def test_launch_grid_fits_cuda_limits_for_any_batch_the_batcher_builds():

@@ -160,6 +160,7 @@ def test_truncated_checkpoint_is_reported_and_resume_falls_back(prepared, tmp_pa
         load_checkpoint(last)
     path, state = latest_usable(tmp_path)
     assert path.name == PREVIOUS and state["step"] == 2  # the whole state of the save before
+    assert (tmp_path / f"{LAST}.damaged").is_file()  # set aside: the next save cannot rotate it over the good one
     run(job(prepared, tmp_path, max_steps=4))  # auto-resume from update 2 and finish
     assert load_checkpoint(tmp_path / LAST)["step"] == 4
 

@@ -55,10 +55,11 @@ class EncodedSplit:
         dtype = id_dtype(vocab_size)
         self.src_offsets, self.src = _open_side(directory, split, "src", dtype, vocab_size)
         self.tgt_offsets, self.tgt = _open_side(directory, split, "tgt", dtype, vocab_size)
-        counts = {len(self.src_offsets) - 1, len(self.tgt_offsets) - 1}
-        if len(counts) > 1 or (expected is not None and counts != {expected}):
-            raise _damaged(directory / f"{split}.tgt.idx", f"{sorted(counts)} sentences where the source side "
-                           f"and the manifest say {len(self.src_offsets) - 1} and {expected}")
+        for side, offsets in (("src", self.src_offsets), ("tgt", self.tgt_offsets)):
+            want = expected if expected is not None else len(self.src_offsets) - 1
+            if len(offsets) - 1 != want:
+                raise _damaged(directory / f"{split}.{side}.idx", f"{len(offsets) - 1} sentences where the "
+                               f"{'manifest says' if expected is not None else 'source side has'} {want}")
 
     def __len__(self) -> int:
         return len(self.src_offsets) - 1

@@ -188,9 +188,11 @@ def self_test(case: Case, device: torch.device) -> str | None:
     weight = torch.randn(b, h, nq, d, generator=g, dtype=torch.float64).to(device)
 
     def run(fn, dtype):
-        leaves = [None if t is None else t.to(device, dtype).requires_grad_(True) for t in inputs]
-        out = fn(*leaves)
-        (out.double() * weight).sum().backward()
+        # in the case's own dtype, whatever the caller's mode (decoding runs under no_grad and autocast)
+        with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            leaves = [None if t is None else t.to(device, dtype).requires_grad_(True) for t in inputs]
+            out = fn(*leaves)
+            (out.double() * weight).sum().backward()
         return [out.detach().double()] + [t.grad.double() for t in leaves if t is not None]
 
     try:

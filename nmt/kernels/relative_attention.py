@@ -231,13 +231,14 @@ def _pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed,
                       KernelFallbackWarning, stacklevel=2)
     b, h, nq, _ = q.shape
     keep = None if seed is None else dropout_keep_mask(seed, b, h, nq, k.shape[2], dropout_p)
-    leaves = [None if t is None else t.detach().requires_grad_(True) for t in (q, k, v, rel_k, rel_v)]
-    with torch.enable_grad():
+    # the tables in q's dtype, as the forward op used them; their gradients go back in the tables' own dtype
+    leaves = [None if t is None else t.detach().to(q.dtype).requires_grad_(True) for t in (q, k, v, rel_k, rel_v)]
+    with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
         window = EdgeWindow(clip, lo, lo + (rel_k if rel_k is not None else rel_v).shape[-2] - 1)
         out = reference_attention(*leaves, window, key_padding_mask, causal, q_offset, keep, dropout_p)
-        grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad_out)
+        grads = torch.autograd.grad(out, [t for t in leaves if t is not None], grad_out.to(out.dtype))
     grads = iter(grads)
-    return [None if t is None else next(grads) for t in leaves]
+    return [None if t is None else next(grads).to(t.dtype) for t in (q, k, v, rel_k, rel_v)]
 
 
 _attention_op.register_autograd(_backward, setup_context=_setup_context)

@@ -5,28 +5,24 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import platform
 import signal
+import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from nmt.config import ConfigError, Precision
-
-DEVICES = "auto, cpu, cuda or cuda:N"
-
-
-def valid_device(name: str) -> bool:
-    return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
-
+from nmt.config import ConfigError, Precision, valid_device
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """auto: this process's GPU if there is one, else the CPU; cuda: this process's GPU (cuda:LOCAL_RANK)."""
     if not valid_device(name):
-        raise ConfigError(f"device={name} is invalid: it must be {DEVICES}")
+        raise ConfigError(f"device={name} is invalid: it must be auto, cpu, cuda or cuda:N")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
@@ -64,6 +60,18 @@ def setup_env(device_name: str, threads: int = 0) -> Env:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None)
     return Env(rank, world_size, device)
+
+
+def setup_logging(out: Path, main: bool) -> None:
+    """Rank 0 logs to stderr and out/train.log at INFO, the other ranks warnings only; Python warnings included
+    (e.g. the fused kernel's fallback warnings)."""
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(out / "train.log"))
+    logging.basicConfig(level=logging.INFO if main else logging.WARNING, handlers=handlers, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)
 
 
 def all_gather(env: Env, value) -> list:

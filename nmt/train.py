@@ -22,7 +22,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint import CheckpointError, latest_usable, rank_rng, numbered_checkpoints, save_training_state, write_average
+from nmt.checkpoint import (CheckpointError, latest_usable, numbered_checkpoints, rank_rng, save_training_state,
+                            write_average)
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
 from nmt.data.pipeline import load_manifest, open_split, prepare, prepared_dir
@@ -32,8 +33,8 @@ from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
 from nmt.model import Transformer, count_parameters
 from nmt.optim import learning_rate, make_optimizer
-from nmt.runtime import (Env, all_gather, autocast, broadcast_flag, autocast_dtype, rng_state, set_rng_state, setup_env,
-                         stop_signals)
+from nmt.runtime import (Env, all_gather, autocast, autocast_dtype, broadcast_flag, rng_state, set_rng_state,
+                         setup_env, setup_logging, stop_signals)
 from nmt.validate import Validator
 
 log = logging.getLogger("nmt.train")
@@ -87,7 +88,6 @@ class Trainer:
         self.validate = Validator(self.valid_data, data_dir, job.data, self.spm_model, self.cfg.max_tokens,
                                   self.cfg.valid_bleu_sentences, job.optim.label_smoothing, env, self.amp_dtype)
         self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
-        self.start_time = time.monotonic()
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self, rng: list[dict] | None = None) -> dict:
@@ -184,7 +184,8 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         clip = self.job.optim.clip_norm if self.job.optim.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        loss_sum, nll_sum, all_tokens, late, signal, due, grad_norm = torch.cat([sums, grad_norm.float()[None]]).tolist()
+        read = torch.cat([sums, grad_norm.float()[None]]).tolist()  # the one host sync of the update
+        loss_sum, nll_sum, all_tokens, late, signal, due, grad_norm = read
         stop = "signal" if signal > 0 else "time" if late > 0 else None
         stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop, due > 0)
         if not math.isfinite(loss_sum):
@@ -272,16 +273,6 @@ class Trainer:
             paths = numbered_checkpoints(self.out)[-self.cfg.average_last:]
             log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))
         log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - self.start_time) / 60)
-
-
-def setup_logging(out: Path, main: bool) -> None:
-    handlers = [logging.StreamHandler(sys.stderr)]
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(out / "train.log"))
-    logging.basicConfig(level=logging.INFO if main else logging.WARNING, handlers=handlers, force=True,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.captureWarnings(True)  # e.g. the fused kernel's fallback warnings, into train.log too
 
 
 class TrainingStopped(Exception):

@@ -14,7 +14,8 @@ sweep = load_script("sweep")
 
 
 def local_overrides(prepared):
-    return [*data_overrides(prepared), *model_overrides(), "train.max_steps=4", "train.max_tokens=600", "train.save_every_steps=2",
+    return [*data_overrides(prepared), *model_overrides(), "train.max_steps=4", "train.max_tokens=600",
+            "train.save_every_steps=2",
             "train.average_last=2", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1"]
 
 

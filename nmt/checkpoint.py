@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from nmt.runtime import Env, all_gather, broadcast_flag, rng_state
+
 log = logging.getLogger(__name__)
 
 LAST = "checkpoint_last.pt"
@@ -182,3 +184,43 @@ def write_average(paths: list[Path], output: str | Path) -> Path:
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(state, output)
     return Path(output)
+
+
+
+class Checkpointer:
+    """A run's training state on disk: every rank takes part in a save (each one's generator states go into it),
+    rank 0 writes it, and every rank learns whether it could. A failed write is retried at the next save (the
+    last one before the run ends at the latest); a failed final one raises CheckpointError on every rank."""
+
+    def __init__(self, env: Env, out: Path, keep_last: int):
+        self.env, self.out, self.keep_last = env, out, keep_last
+        self.saved_step = -1  # the update of the newest whole state on disk
+
+    def resume(self) -> dict | None:
+        """The newest usable whole state in the output folder (None: start afresh)."""
+        found = latest_usable(self.out)
+        if found is None:
+            return None
+        path, state = found
+        self.saved_step = state["step"]
+        log.info("resuming from %s at update %d (epoch %d, batch %d)", path, state["step"], state["epoch"],
+                 state["batch"])
+        if state["world_size"] != self.env.world_size:
+            log.warning("resuming a %d-process run on %d processes: the data order changes from here",
+                        state["world_size"], self.env.world_size)
+        return state
+
+    def save(self, state_with_rng, step: int, final: bool = False) -> None:
+        """state_with_rng(every rank's generator states, by rank) -> the whole training state at update `step`."""
+        env = self.env
+        rng = all_gather(env, rng_state(env.device))
+        written = True
+        if env.main:
+            written = save_training_state(state_with_rng(rng), self.out, self.keep_last, self.saved_step)
+        if env.world_size > 1:
+            written = broadcast_flag(env, written)
+        if written:
+            self.saved_step = step
+        elif final:
+            raise CheckpointError(f"could not save update {step} in {self.out}; the earlier checkpoints are intact "
+                                  f"(resumable from update {max(self.saved_step, 0)})")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nmt.config import OptimConfig, Schedule
@@ -37,6 +39,27 @@ def learning_rate(step: int, d_model: int, optim: OptimConfig, total: int) -> fl
     return inverse_sqrt_lr(step, d_model, optim.warmup, optim.lr_scale)
 
 
+def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, d_model: int, optim: OptimConfig,
+                      total: int) -> float:
+    """The schedule's rate for update `step` (from 1), set on every parameter group."""
+    lr = learning_rate(step, d_model, optim, total)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def make_optimizer(parameters, optim: OptimConfig) -> torch.optim.Adam:
     """Adam (beta1, beta2, eps from the config); the schedule sets the rate before every update."""
     return torch.optim.Adam(parameters, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+
+
+def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, finite_loss: bool,
+                   grad_norm: float) -> bool:
+    """Apply the accumulated (unscaled) gradients unless the loss was non-finite or, with fp16, a gradient
+    overflowed (the scaler then lowers its scale); the gradients are cleared either way. Returns whether the
+    parameters moved."""
+    if finite_loss:
+        scaler.step(optimizer)  # with fp16, skipped when a gradient overflowed
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return finite_loss and not (scaler.is_enabled() and not math.isfinite(grad_norm))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import logging
 import os
 import platform
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from nmt.config import ConfigError, Precision, valid_device
 
@@ -72,6 +74,26 @@ def setup_logging(out: Path, main: bool) -> None:
     logging.basicConfig(level=logging.INFO if main else logging.WARNING, handlers=handlers, force=True,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)
+
+
+def parallelize(model: torch.nn.Module, env: Env, compile_model: bool | None) -> tuple[torch.nn.Module, ...]:
+    """(the model under DistributedDataParallel when there are several ranks, what training calls: that, compiled
+    when asked for, on CUDA by default). Only training runs compiled, so checkpoints come from the plain model
+    (no "_orig_mod." keys); batch shapes change every step, so the graph is traced once with dynamic shapes."""
+    data_parallel = DistributedDataParallel(model) if env.world_size > 1 else model
+    if compile_model is None:
+        compile_model = env.device.type == "cuda"
+    return data_parallel, torch.compile(data_parallel, dynamic=True) if compile_model else data_parallel
+
+
+def rank0_first(env: Env, work) -> None:
+    """work() on rank 0 while the other ranks wait for it without timing out (a first WMT14 prepare takes hours):
+    they wait in a gloo group of their own with a one-day timeout."""
+    patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if env.world_size > 1 else None
+    if env.main:
+        work()
+    if patient is not None:
+        dist.barrier(group=patient)
 
 
 def all_gather(env: Env, value) -> list:

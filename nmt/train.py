@@ -8,7 +8,6 @@ cleanly (exit code 75) with a complete checkpoint.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import math
 import sys
@@ -20,20 +19,18 @@ import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint import (CheckpointError, latest_usable, numbered_checkpoints, rank_rng, save_training_state,
-                            write_average)
+from nmt.checkpoint import Checkpointer, CheckpointError, numbered_checkpoints, rank_rng, write_average
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
-from nmt.data.pipeline import load_manifest, open_split, prepare, prepared_dir
+from nmt.data.pipeline import open_prepared, prepare
 from nmt.data.readers import DataError
 from nmt.kernels.dispatch import AttentionBackend, model_cases
 from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
 from nmt.model import Transformer, count_parameters
-from nmt.optim import learning_rate, make_optimizer
-from nmt.runtime import (Env, all_gather, autocast, autocast_dtype, broadcast_flag, rng_state, set_rng_state,
+from nmt.optim import make_optimizer, set_learning_rate, step_optimizer
+from nmt.runtime import (Env, autocast, autocast_dtype, parallelize, rank0_first, rng_state, set_rng_state,
                          setup_env, setup_logging, stop_signals)
 from nmt.validate import Validator
 
@@ -59,44 +56,35 @@ class UpdateStats:
 
 
 class Trainer:
+    """The training state (model, optimizer, loss scaler, data position), one update (train_step) and the loop
+    around it (train: checkpoints, validation, signals, logging). Every rank builds one."""
+
     def __init__(self, job: TrainJob, env: Env):
         self.job, self.env, self.cfg = job, env, job.train
         self.out = Path(self.cfg.output_dir)
-        self.data_dir = data_dir = prepared_dir(job.data)
-        manifest = load_manifest(data_dir)
-        if manifest is None:
-            raise DataError(f"{data_dir} is not prepared: run python -m nmt.prepare data=<preset> first")
-        self.train_data = open_split(data_dir, manifest, "train")  # DataError if damaged since prepare
-        self.valid_data = open_split(data_dir, manifest, "valid")
-        if not (data_dir / "spm.model").is_file():
-            raise DataError(f"{data_dir / 'spm.model'} is missing: rebuild with python -m nmt.prepare ... force=true")
-        self.spm_model = (data_dir / "spm.model").read_bytes()  # checkpoints carry their vocabulary
+        self.data = open_prepared(job.data)  # DataError when missing or damaged since prepare
         torch.manual_seed(self.cfg.seed)
         self.attention = AttentionBackend(self.cfg.attention)
         self.attention.lazy = env.world_size == 1  # under DDP only the cases checked together, before training
-        self.model = Transformer(job.model, manifest["vocab_size"], self.attention).to(env.device)
-        self.data_parallel = DistributedDataParallel(self.model) if env.world_size > 1 else self.model
-        # Compiled for training only (checkpoints come from self.model: plain keys, no "_orig_mod."); batch
-        # shapes change every step, so the graph is traced with dynamic shapes once, not once per shape.
-        compile_model = self.cfg.compile if self.cfg.compile is not None else env.device.type == "cuda"
-        self.train_model = torch.compile(self.data_parallel, dynamic=True) if compile_model else self.data_parallel
+        self.model = Transformer(job.model, self.data.vocab_size, self.attention).to(env.device)
+        self.data_parallel, self.train_model = parallelize(self.model, env, self.cfg.compile)
         self.optimizer = make_optimizer(self.model.parameters(), job.optim)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the data position after them
-        self.bad_updates, self.saved_step = 0, -1
-        self.validate = Validator(self.valid_data, data_dir, job.data, self.spm_model, self.cfg.max_tokens,
-                                  self.cfg.valid_bleu_sentences, job.optim.label_smoothing, env, self.amp_dtype)
+        self.bad_updates = 0
+        self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
+        self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
+                                  job.optim.label_smoothing, env, self.amp_dtype)
         self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
 
-    # -- state ---------------------------------------------------------------------------------
     def state_dict(self, rng: list[dict] | None = None) -> dict:
         """The whole training state; rng: every rank's generator states, by rank (default: this process's)."""
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
-            "vocab": torch.frombuffer(bytearray(self.spm_model), dtype=torch.uint8),
+            "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
             "config": OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True),
         }
 
@@ -105,34 +93,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
-        if state["world_size"] != self.env.world_size:
-            log.warning("resuming a %d-process run on %d processes: the data order changes from here",
-                        state["world_size"], self.env.world_size)
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
-
-    def resume(self) -> None:
-        found = latest_usable(self.out)
-        if found is not None:
-            self.load_state_dict(found[1])
-            self.saved_step = self.step
-            log.info("resumed from %s at update %d (epoch %d, batch %d)", found[0], self.step, self.epoch,
-                     self.batch_index)
-
-    def save(self, final: bool = False) -> None:
-        """Every rank takes part (its generator states go into the checkpoint); rank 0 writes, and every rank
-        learns whether it could: a failed write is retried at the next save (at the end at the latest), and a
-        failed final one ends every rank with CheckpointError."""
-        rng = all_gather(self.env, rng_state(self.env.device))
-        written = True
-        if self.env.main:
-            written = save_training_state(self.state_dict(rng), self.out, self.cfg.keep_last, self.saved_step)
-        if self.env.world_size > 1:
-            written = bool(broadcast_flag(self.env, written))
-        if written:
-            self.saved_step = self.step
-        elif final:
-            raise CheckpointError(f"could not save update {self.step} in {self.out}; the earlier checkpoints are "
-                                  f"intact (resumable from update {max(self.saved_step, 0)})")
 
     def check_attention(self) -> None:
         """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
@@ -140,7 +101,6 @@ class Trainer:
         cases = model_cases(self.job.model, self.amp_dtype or torch.float32, self.env.device, training=True)
         self.attention.check(cases, self.env.device)
 
-    # -- one update ----------------------------------------------------------------------------
     def next_micro_batches(self, stream) -> list:
         items = [next(stream) for _ in range(self.cfg.update_freq)]
         self.epoch, self.batch_index = items[-1][0], items[-1][1]
@@ -164,9 +124,8 @@ class Trainer:
         if env.world_size > 1:
             dist.all_reduce(tokens)  # stays on the device: only divides the loss
         batches = [b.to(env.device) for b in batches]
-        lr = learning_rate(self.step + 1, self.job.model.d_model, self.job.optim, self.cfg.max_steps)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_learning_rate(self.optimizer, self.step + 1, self.job.model.d_model, self.job.optim,
+                               self.cfg.max_steps)
         self.model.train()
         sums = torch.zeros(6, device=env.device)  # loss, nll, local tokens, out of time, signalled, save due
         for i, batch in enumerate(batches):
@@ -188,91 +147,79 @@ class Trainer:
         loss_sum, nll_sum, all_tokens, late, signal, due, grad_norm = read
         stop = "signal" if signal > 0 else "time" if late > 0 else None
         stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop, due > 0)
+        stepped = step_optimizer(self.optimizer, self.scaler, math.isfinite(loss_sum), grad_norm)
         if not math.isfinite(loss_sum):
             self.bad_updates += 1
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.update()
             log.warning("non-finite loss at update %d: update skipped (%d in a row)", self.step + 1, self.bad_updates)
             if self.bad_updates >= self.cfg.max_bad_updates:
                 raise FloatingPointError(f"{self.bad_updates} non-finite losses in a row at update {self.step + 1}; "
                                          f"lower optim.lr_scale, raise optim.warmup, or use train.precision=fp32")
             return replace(stats, skipped=True)
         self.bad_updates = 0
-        overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)
-        self.scaler.step(self.optimizer)  # with fp16, skipped when a gradient overflowed
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if overflow:
+        if not stepped:
             log.info("fp16 gradient overflow at update %d: loss scale lowered to %g; its micro-batches were "
                      "dropped (the update is not counted)", self.step + 1, self.scaler.get_scale())
             return replace(stats, skipped=True)
         self.step += 1
         return stats
 
-    # -- the loop ------------------------------------------------------------------------------
-    def train(self) -> str:
+    def train(self) -> str | None:
         """The updates, with checkpoints and validation on the way; every rank takes part throughout. Returns
-        "done", or "signal" when SIGTERM/SIGUSR1 stopped it (after a complete checkpoint, on every rank at the
-        same update). What only rank 0 does at the end (averaging) is left to finish(), outside the group."""
+        what stopped the run early: "signal" (SIGTERM/SIGUSR1, after a complete checkpoint, on every rank at the
+        same update), "time" (train.max_minutes) or None."""
         cfg, env = self.cfg, self.env
-        self.out.mkdir(parents=True, exist_ok=True)
-        if env.main:
-            (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
-        self.resume()
+        if (state := self.checkpoints.resume()) is not None:
+            self.load_state_dict(state)
         self.check_attention()
         self.metrics = Metrics(self.out, env.main, cfg.max_steps, self.step)
         log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
                  env.world_size, env.device, self.amp_dtype or "fp32",
                  ", torch.compile" if self.train_model is not self.data_parallel else "",
                  f"{count_parameters(self.model):,}", cfg.max_tokens * cfg.update_freq * env.world_size)
-        stream = Prefetcher(training_stream(self.train_data, cfg.max_tokens, cfg.seed, env.rank, env.world_size,
+        stream = Prefetcher(training_stream(self.data.train, cfg.max_tokens, cfg.seed, env.rank, env.world_size,
                                             self.epoch, self.batch_index),
                             depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
-        validated, stats = -1, None
+        validated, stop = -1, None
         with stop_signals() as signals, contextlib.closing(stream):
-            while self.step < cfg.max_steps:
+            while self.step < cfg.max_steps and stop is None:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
                 due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
                 stats = self.train_step(self.next_micro_batches(stream), out_of_time, signals["received"] is not None,
                                         due)
+                stop = stats.stop
                 if stats.skipped:
-                    if stats.stop:
-                        break
                     continue
                 self.metrics.update(self.step, stats.scalars(), self.step % cfg.log_every == 0 or self.step == 1)
-                if cfg.valid_every and self.step % cfg.valid_every == 0 and not stats.stop:
+                if cfg.valid_every and self.step % cfg.valid_every == 0 and not stop:
                     self.metrics.log("valid", self.step, self.validate(self.model))
                     validated = self.step
-                if self.step % cfg.save_every_steps == 0 or stats.save_due or stats.stop:
-                    self.save(final=stats.stop is not None)
+                if self.step % cfg.save_every_steps == 0 or stats.save_due or stop:
+                    self.checkpoints.save(self.state_dict, self.step, final=stop is not None)
                     last_save = time.monotonic()
-                if stats.stop:
-                    break
         self.metrics.close()
-        stop = stats.stop if stats is not None else None
-        if self.saved_step != self.step:
-            self.save(final=True)
+        if self.checkpoints.saved_step != self.step:
+            self.checkpoints.save(self.state_dict, self.step, final=True)
+        if stop != "signal" and validated != self.step:
+            self.final_valid = self.validate.loss(self.model)
         if stop == "signal":
             log.warning("stopped by %s at update %d with a complete checkpoint in %s: run the same command again to "
                         "continue (exit code %d)", signals["received"] or "a signal on another rank", self.step,
                         self.out, EXIT_STOPPED)
-            return "signal"
-        if stop == "time":
+        elif stop == "time":
             log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
-        if validated != self.step:
-            self.final_valid = self.validate.loss(self.model)
-        return "done"
+        return stop
 
-    def finish(self) -> None:
-        """Rank 0 alone, after the process group is gone: the last validation BLEU and the checkpoint average
-        (20 big checkpoints on a slow file system) cannot trip a collective timeout on the other ranks."""
-        if self.final_valid is not None:
-            self.metrics.log("valid", self.step, {**self.final_valid, **self.validate.bleu(self.model)})
-        if self.cfg.average_last > 0:
-            paths = numbered_checkpoints(self.out)[-self.cfg.average_last:]
-            log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, self.out / "averaged.pt"))
-        log.info("done: %d updates in %.1f minutes", self.step, (time.monotonic() - self.start_time) / 60)
+
+def finish(trainer: Trainer) -> None:
+    """Rank 0 alone, after the process group is gone: the last validation BLEU and the checkpoint average
+    (20 big checkpoints on a slow file system) cannot trip a collective timeout on the other ranks."""
+    if trainer.final_valid is not None:
+        trainer.metrics.log("valid", trainer.step, {**trainer.final_valid, **trainer.validate.bleu(trainer.model)})
+    if trainer.cfg.average_last > 0:
+        paths = numbered_checkpoints(trainer.out)[-trainer.cfg.average_last:]
+        log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, trainer.out / "averaged.pt"))
+    log.info("done: %d updates in %.1f minutes", trainer.step, (time.monotonic() - trainer.start_time) / 60)
 
 
 class TrainingStopped(Exception):
@@ -289,24 +236,22 @@ def run(job: TrainJob) -> Path:
     Raises TrainingStopped when a signal ended the run early."""
     job.check()
     env = setup_env(job.train.device, job.train.threads)
-    setup_logging(Path(job.train.output_dir), env.main)
+    out = Path(job.train.output_dir)
+    setup_logging(out, env.main)
     try:
-        if env.world_size > 1:  # the others wait for rank 0's prepare (hours on a first WMT14 run) without timing out
-            patient = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
-        if env.main:
-            prepare(job.data)  # a no-op when the prepared data is up to date
-        if env.world_size > 1:
-            dist.barrier(group=patient)
+        rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date
         trainer = Trainer(job, env)
-        status = trainer.train()
+        if env.main:
+            (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(job)))
+        stop = trainer.train()
     finally:
         if env.world_size > 1:
             dist.destroy_process_group()
-    if status == "signal":
+    if stop == "signal":
         raise TrainingStopped(f"stopped at update {trainer.step}")
     if env.main:
-        trainer.finish()
-    return Path(job.train.output_dir)
+        finish(trainer)
+    return out
 
 
 register_schemas()

@@ -13,6 +13,7 @@ from sacrebleu.metrics import BLEU
 from nmt.config import DataConfig, SearchConfig
 from nmt.data.batching import epoch_batches
 from nmt.data.readers import read_lines
+from nmt.data.pipeline import Prepared
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.decode import translate_lines
@@ -51,21 +52,22 @@ class Validator:
     """Validation as the trainer runs it: the loss on every rank, greedy BLEU on the first `bleu_sentences`
     validation sentences on rank 0 (0 = none)."""
 
-    def __init__(self, data: EncodedSplit, data_dir: Path, data_cfg: DataConfig, spm_model: bytes, max_tokens: int,
-                 bleu_sentences: int, label_smoothing: float, env: Env, amp_dtype):
-        self.data, self.data_dir, self.data_cfg, self.spm_model = data, data_dir, data_cfg, spm_model
+    def __init__(self, data: Prepared, data_cfg: DataConfig, max_tokens: int, bleu_sentences: int,
+                 label_smoothing: float, env: Env, amp_dtype):
+        self.data, self.data_cfg = data, data_cfg
         self.max_tokens, self.bleu_sentences, self.label_smoothing = max_tokens, bleu_sentences, label_smoothing
         self.env, self.amp_dtype = env, amp_dtype
 
     def loss(self, model) -> dict:
-        return validation_loss(model, self.data, self.max_tokens, self.env, self.amp_dtype, self.label_smoothing)
+        return validation_loss(model, self.data.valid, self.max_tokens, self.env, self.amp_dtype, self.label_smoothing)
 
     def bleu(self, model) -> dict:
         """{"bleu_greedy": ...} on rank 0 when asked for, else {}."""
         if not self.env.main or self.bleu_sentences == 0:
             return {}
-        return {"bleu_greedy": greedy_bleu(model, Vocab(model_proto=self.spm_model), self.data_dir, self.data_cfg,
-                                           self.bleu_sentences, self.env.device, self.amp_dtype)}
+        vocab = Vocab(model_proto=self.data.spm_model)
+        return {"bleu_greedy": greedy_bleu(model, vocab, self.data.directory, self.data_cfg, self.bleu_sentences,
+                                           self.env.device, self.amp_dtype)}
 
     def __call__(self, model) -> dict:
         """Loss (every rank) and BLEU (rank 0, while the others wait at their next collective: a few seconds of

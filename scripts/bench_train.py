@@ -48,7 +48,7 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
     trainer.check_attention()  # as nmt.train does before compiling: the fused kernel where its self-test passed
     dev = trainer.env.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    stream = Prefetcher(training_stream(trainer.train_data, job.train.max_tokens, job.train.seed, 0, 1, 0, 0), depth=2,
+    stream = Prefetcher(training_stream(trainer.data.train, job.train.max_tokens, job.train.seed, 0, 1, 0, 0), depth=2,
                         pin_memory=dev.type == "cuda")
 
     # (1) the isolated step: batches already on the device, no data, no bookkeeping

@@ -15,6 +15,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -93,6 +94,31 @@ def open_split(directory: Path, manifest: dict, split: str) -> EncodedSplit:
                         f"python -m nmt.prepare ... force=true")
     expected = manifest.get("stats", {}).get(split, {}).get("kept")
     return EncodedSplit(directory, split, manifest["vocab_size"], expected)
+
+
+@dataclass
+class Prepared:
+    """A prepared folder opened for training: both splits checked against the manifest, and the vocabulary
+    (checkpoints carry it)."""
+
+    directory: Path
+    train: EncodedSplit
+    valid: EncodedSplit
+    vocab_size: int
+    spm_model: bytes
+
+
+def open_prepared(cfg: DataConfig) -> Prepared:
+    """The prepared folder of cfg, with a DataError naming what to rebuild when it is missing or damaged."""
+    directory = prepared_dir(cfg)
+    manifest = load_manifest(directory)
+    if manifest is None:
+        raise DataError(f"{directory} is not prepared: run python -m nmt.prepare data=<preset> first")
+    train, valid = open_split(directory, manifest, "train"), open_split(directory, manifest, "valid")
+    spm = directory / "spm.model"
+    if not spm.is_file():
+        raise DataError(f"{spm} is missing: rebuild with python -m nmt.prepare ... force=true")
+    return Prepared(directory, train, valid, manifest["vocab_size"], spm.read_bytes())
 
 
 def drop_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:

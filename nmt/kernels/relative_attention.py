@@ -36,24 +36,20 @@ from nmt.kernels.tiles import Tiles, buckets_block, choose_tiles, grid, head_blo
 from nmt.kernels.window import EdgeWindow
 
 
-def _constexprs(q: Tensor, rel_k, rel_v, key_padding_mask, causal: bool, dropout_p: float, r: int,
-                tiles: Tiles) -> dict:
-    return dict(
+def _meta(q: Tensor, rel_k, rel_v, key_padding_mask, causal: bool, dropout_p: float, r: int,
+          tiles: Tiles) -> triton_code.Meta:
+    return triton_code.Meta(
         HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_KPM=key_padding_mask is not None,
         CAUSAL=causal, DROPOUT=dropout_p > 0.0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_block(q.shape[-1]),
-        BLOCK_R=buckets_block(r), num_warps=tiles.num_warps,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_block(q.shape[-1]), BLOCK_R=buckets_block(r),
         # fp32 runs here only when asked for by name or in the interpreter: auto sends it to the PyTorch path
         PREC="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",  # tf32: ignored for bf16/fp16
     )
 
 
-def _table(table: Optional[Tensor], dtype) -> tuple[Tensor | None, int]:
-    """Contiguous table in the compute dtype and its head stride (0: shared by every head)."""
-    if table is None:
-        return None, 0
-    table = table.to(dtype).contiguous()
-    return table, (table.stride(0) if table.dim() == 3 else 0)
+def _table(table: Optional[Tensor], dtype) -> Tensor | None:
+    """The table contiguous, in the compute dtype."""
+    return None if table is None else table.to(dtype).contiguous()
 
 
 def _key_padding(key_padding_mask: Optional[Tensor]) -> Tensor | None:
@@ -71,15 +67,15 @@ def _check_dtypes(*tensors: Tensor) -> None:
         raise TypeError(f"relative_attention: q, k, v (and the output gradient) must share one dtype, got {dtypes}")
 
 
-def launch(kernel, launch_grid, *args, **constexprs):
+def launch(kernel, launch_grid, *args, num_warps: int):
     """Every kernel launch goes through here; nmt.kernels.resources swaps in `kernel.warmup` to compile the
     real argument lists for a GPU it does not have."""
-    return kernel[launch_grid](*args, **constexprs)
+    return kernel[launch_grid](*args, num_warps=num_warps)
 
 
 @dataclass
 class _Launch:
-    """What the forward and both backward kernels share: inputs in kernel layout, tables, shape scalars."""
+    """What the forward and both backward kernels share: inputs in kernel layout, tables, sizes, lengths, Meta."""
 
     q: Tensor
     k: Tensor
@@ -89,42 +85,49 @@ class _Launch:
     kpm: Tensor | None
     r: int
     tiles: Tiles
-    constexprs: dict
-    table_strides: tuple[int, int]  # head strides of the a^K and a^V tables (0: shared by every head)
-    scalars: tuple  # H, NQ, NK, D, R, CLIP, LO, Q_OFFSET, scale, dropout_p
+    sizes: triton_code.Sizes
+    lengths: tuple  # NQ, NK, R, LO, Q_OFFSET: separate parameters (never specialized)
+    meta: triton_code.Meta
 
     @classmethod
     def build(cls, q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled=None):
         _check_dtypes(q, k, v)
-        b, h, nq, d = q.shape
-        rk, s_rkh = _table(rel_k, q.dtype)
-        rv, s_rvh = _table(rel_v, q.dtype)
+        _, h, nq, d = q.shape
+        rk, rv = _table(rel_k, q.dtype), _table(rel_v, q.dtype)
         r = (rk if rk is not None else rv).shape[-2]
         compiled = q.is_cuda if compiled is None else compiled
         tiles = choose_tiles(nq, head_block(d), buckets_block(r), compiled)
         return cls(_rows(q), _rows(k), _rows(v), rk, rv, _key_padding(key_padding_mask), r, tiles,
-                   _constexprs(q, rel_k, rel_v, key_padding_mask, causal, dropout_p, r, tiles), (s_rkh, s_rvh),
-                   (h, nq, k.shape[2], d, r, clip, lo, q_offset, 1.0 / math.sqrt(d), dropout_p))
+                   triton_code.Sizes(h, d, clip, 1.0 / math.sqrt(d), dropout_p), (nq, k.shape[2], r, lo, q_offset),
+                   _meta(q, rel_k, rel_v, key_padding_mask, causal, dropout_p, r, tiles))
 
     def grid(self, n: int, block: int) -> tuple[int, int]:
         return grid(self.q.shape[0], self.q.shape[1], n, block)
 
-    def strides(self, *tensors: Tensor) -> tuple:
-        """(batch, head, row) strides of each tensor, in the kernels' order."""
-        return tuple(s for t in tensors for s in t.stride()[:3])
+    def inputs(self, seed: Tensor | None) -> tuple:
+        """The tensors every kernel starts with: q, k, v, the tables, the key padding mask, the dropout seed."""
+        return self.q, self.k, self.v, self.rk, self.rv, self.kpm, seed
+
+    def strides(self, rows: Tensor) -> triton_code.Strides:
+        """The kernels' strides, with `rows` the output (forward) or its gradient (backward)."""
+        return triton_code.Strides(*(t.stride()[:3] for t in (self.q, self.k, self.v, rows)),
+                                   *(0 if t is None or t.dim() == 2 else t.stride(0) for t in (self.rk, self.rv)))
+
+    def launch(self, kernel, n: int, block: int, *tensors: Tensor | None, rows: Tensor) -> None:
+        """Launch `kernel` over n rows in blocks of `block`: `tensors`, then the arguments every kernel shares."""
+        launch(kernel, self.grid(n, block), *tensors, self.strides(rows), self.sizes, *self.lengths, self.meta,
+               num_warps=self.tiles.num_warps)
 
 
 def forward(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p,
             compiled=None) -> tuple[Tensor, Tensor]:
     """Output (B, H, Nq, D), laid out (B, N, H, D) in memory, and the rows' log-sum-exp (B, H, Nq)."""
-    run = _Launch.build(q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled)
+    args = _Launch.build(q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled)
     b, h, nq, d = q.shape
     # (B, N, H, D) in memory: the layer's merge of the heads is then a view, and one copy less is kept for backward
     out = torch.empty(b, nq, h, d, dtype=q.dtype, device=q.device).transpose(1, 2)
     lse = torch.empty(b, h, nq, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
-    launch(triton_code.forward_kernel, run.grid(nq, run.tiles.block_m),
-           run.q, run.k, run.v, run.rk, run.rv, run.kpm, seed, out, lse,
-           *run.strides(run.q, run.k, run.v), *run.table_strides, *run.strides(out), *run.scalars, **run.constexprs)
+    args.launch(triton_code.forward_kernel, nq, args.tiles.block_m, *args.inputs(seed), out, lse, rows=out)
     return out, lse
 
 
@@ -132,21 +135,18 @@ def backward(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed, out, lse, 
              dropout_p, compiled=None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dQ, dK, dV and per-row bucket sums of the score gradients and of the probabilities (for the gradients
     of the a^K and a^V tables)."""
-    run = _Launch.build(q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled)
+    args = _Launch.build(q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled)
     grad_out = _rows(grad_out.to(q.dtype))
     b, h, nq, _ = q.shape
     delta = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1).contiguous()  # dO_i . out_i
     # written in (B, H, N, D) order whatever the inputs' strides (heads are usually a transposed view)
     grad_q, grad_k, grad_v = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    ds_mass = torch.zeros(b, h, nq, run.r if run.rk is not None else 0, dtype=lse.dtype, device=q.device)
-    p_mass = torch.zeros(b, h, nq, run.r if run.rv is not None else 0, dtype=lse.dtype, device=q.device)
-    inputs = (run.q, run.k, run.v, run.rk, run.rv, run.kpm, seed, grad_out, lse, delta)
-    strides = (*run.strides(run.q, run.k, run.v, grad_out), *run.table_strides)
-    launch(triton_code.backward_kv_kernel, run.grid(k.shape[2], run.tiles.block_n),
-           *inputs, grad_k, grad_v, *strides, *run.scalars, **run.constexprs)
-    launch(triton_code.backward_q_kernel, run.grid(nq, run.tiles.block_m),
-           *inputs, grad_q, ds_mass if run.rk is not None else None, p_mass if run.rv is not None else None,
-           *strides, *run.scalars, **run.constexprs)
+    ds_mass = torch.zeros(b, h, nq, args.r if args.rk is not None else 0, dtype=lse.dtype, device=q.device)
+    p_mass = torch.zeros(b, h, nq, args.r if args.rv is not None else 0, dtype=lse.dtype, device=q.device)
+    inputs = (*args.inputs(seed), grad_out, lse, delta)
+    args.launch(triton_code.backward_kv_kernel, k.shape[2], args.tiles.block_n, *inputs, grad_k, grad_v, rows=grad_out)
+    args.launch(triton_code.backward_q_kernel, nq, args.tiles.block_m, *inputs, grad_q,
+                ds_mass if args.rk is not None else None, p_mass if args.rv is not None else None, rows=grad_out)
     return grad_q, grad_k, grad_v, ds_mass, p_mass
 
 

@@ -133,8 +133,8 @@ def compile_config(arch: int, config: Config) -> list[Usage]:
     driver.set_active(_StubDriver(arch))
     compiled = []
 
-    def warmup(kernel, launch_grid, *args, **constexprs):
-        compiled.append((kernel, kernel.warmup(*args, grid=launch_grid, **constexprs), constexprs))
+    def warmup(kernel, launch_grid, *args, num_warps):
+        compiled.append((kernel.warmup(*args, grid=launch_grid, num_warps=num_warps), args[-1], num_warps))
 
     dtype = getattr(torch, config.dtype)
     b, h, d, clip = 2, 1 if config.shared else 4, config.head_dim, (config.buckets - 1) // 2
@@ -157,10 +157,10 @@ def compile_config(arch: int, config: Config) -> list[Usage]:
     finally:
         op.launch = saved_launch
     usages = []
-    for name, (_, kernel, constexprs) in zip(KERNELS, compiled):
+    for name, (kernel, meta, num_warps) in zip(KERNELS, compiled):
         registers, spills, stack = _ptxas_usage(kernel.asm["ptx"], arch)
-        usages.append(Usage(arch, str(config), name, constexprs["BLOCK_M"], constexprs["BLOCK_N"],
-                            constexprs["num_warps"], registers, spills, stack, kernel.metadata.shared))
+        usages.append(Usage(arch, str(config), name, meta.BLOCK_M, meta.BLOCK_N, num_warps, registers, spills, stack,
+                            kernel.metadata.shared))
     return usages
 
 

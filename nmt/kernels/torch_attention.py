@@ -66,9 +66,19 @@ def reference_attention(q, k, v, rel_k, rel_v, window: EdgeWindow, key_padding_m
                                1.0 / math.sqrt(q.shape[-1]), keep)
 
 
-def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, keep=None) -> Tensor:
-    """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces.
-    keep: a given dropout mask instead of a fresh draw."""
+def attention_weights(q: Tensor, k: Tensor, rel_k: Tensor | None, window: EdgeWindow,
+                      key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0) -> Tensor:
+    """alpha_ij, Eq. 4's scores through the softmax, (B, H, Nq, Nk): for looking at where attention goes
+    (scripts/plot_attention_distance.py). rel_k: the whole (2k+1)-row table, or None."""
+    mask = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
+    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    buckets = window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
+    rel_k = None if rel_k is None else window.cut(rel_k).to(q.dtype)
+    return _weights(q, k, rel_k, buckets, mask, empty_rows, 1.0 / math.sqrt(q.shape[-1]))
+
+
+def _weights(q, k, rel_k, buckets, mask, empty_rows, scale) -> Tensor:
+    """Eq. 4 and its softmax in differentiable torch ops, (B, H, Nq, Nk); rel_k: the window's rows."""
     scores = (q @ k.transpose(-1, -2)) * scale  # (B, H, Nq, Nk)
     if rel_k is not None:  # Eq. 4's q_i . a^K_ij, gathered from q against the 2k+1 edge vectors
         edge = q @ rel_k.transpose(-1, -2).unsqueeze(0) if rel_k.dim() == 3 else q @ rel_k.t()
@@ -76,8 +86,13 @@ def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropou
     if mask is not None:
         scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
     probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
-    if empty_rows is not None:
-        probs = probs.masked_fill(empty_rows, 0.0)
+    return probs if empty_rows is None else probs.masked_fill(empty_rows, 0.0)
+
+
+def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, keep=None) -> Tensor:
+    """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces.
+    keep: a given dropout mask instead of a fresh draw."""
+    probs = _weights(q, k, rel_k, buckets, mask, empty_rows, scale)
     if keep is not None:
         probs = probs * keep * (1.0 / (1.0 - dropout_p))
     elif dropout_p > 0.0:

@@ -109,6 +109,12 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> KV:
         return KV(self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x)))
 
+    def self_attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """x (B, N, d_model) attending to itself: alpha (B, H, N, N), for analysis (eval mode, no dropout)."""
+        q, k = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x))
+        window = EdgeWindow.of(x.shape[1], x.shape[1], self.clip or 0)
+        return torch_attention.attention_weights(q, k, self.rel_k, window, key_padding_mask)
+
     def forward(
         self,
         x: Tensor,

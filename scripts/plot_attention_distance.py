@@ -19,32 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import torch
 
-from nmt.attention import relative_buckets
 from nmt.data.batching import pad_rows
 from nmt.data.readers import read_lines
 from nmt.decode import load_translator
 from nmt.model import EOS, PAD
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def attention_probs(attn, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
-    """Eq. 4's softmax for one self-attention module, written out: (B, H, N, N)."""
-    q, k = attn.split_heads(attn.q_proj(x)), attn.split_heads(attn.k_proj(x))  # (B, H, N, D)
-    scores = q @ k.transpose(-1, -2)
-    if attn.rel_k is not None:
-        n = x.shape[1]
-        table = attn.rel_k[..., relative_buckets(n, n, attn.clip), :]  # (N, N, D) or (H, N, N, D): small N only
-        scores = scores + (torch.einsum("bhid,ijd->bhij", q, table) if table.dim() == 3
-                           else torch.einsum("bhid,hijd->bhij", q, table))
-    scores = scores / math.sqrt(q.shape[-1])
-    return scores.masked_fill(pad[:, None, None, :], float("-inf")).softmax(-1)
 
 
 @torch.no_grad()
@@ -71,7 +56,7 @@ def mass_by_distance(checkpoint: Path, sources: list[str], max_distance: int) ->
         outside = valid & (offset.abs() > model.cfg.clip)[None]  # (B, N, N)
         queries += int((~pad).sum())
         for layer_index, layer in enumerate(model.encoder):
-            probs = attention_probs(layer.self_attn, captured[layer_index], pad)  # (B, H, N, N)
+            probs = layer.self_attn.self_attention_weights(captured[layer_index], pad)  # (B, H, N, N)
             probs = probs * valid[:, None]
             outside_mass = (probs * outside[:, None]).sum(-1, keepdim=True)  # (B, H, N, 1)
             per_key = outside_mass / outside.sum(-1, keepdim=True).clamp(min=1)[:, None]

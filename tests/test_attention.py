@@ -224,3 +224,19 @@ def test_dropout_forward_and_backward_match_autograd_reference():
         grads.append([out] + [t.grad for t in inputs])
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_self_attention_weights_are_the_literal_alphas(shared):
+    """MultiHeadAttention.self_attention_weights (for analysis, scripts/plot_attention_distance.py) gives Eq. 4's
+    alpha_ij: the literal equations' output when each key's value is its one-hot position."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(d_model=15, heads=3, clip=2, share_heads=shared).double().eval()
+    x = torch.randn(2, 5, 15, dtype=torch.float64)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    q, k = layer.split_heads(layer.q_proj(x)), layer.split_heads(layer.k_proj(x))
+    one_hot = torch.eye(5, dtype=torch.float64).expand(2, 3, 5, 5)
+    want = literal_attention(q, k, one_hot, layer.rel_k, None, 2, key_padding_mask=pad)
+    got = layer.self_attention_weights(x, pad).detach()
+    torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-10)
+    assert got[1, :, :, 3:].eq(0).all()  # no weight on padding

@@ -1,5 +1,6 @@
-"""Where a job runs, resolved once at its entry point: the process group, the device, the precision policy and
-the CPU allocator. Training, decoding and the benchmarks all take these from here."""
+"""Where a job runs, resolved once at its entry point: the process group (and the model's DDP and compile wrapping,
+rank 0's work first), the device, the precision policy, the CPU allocator, RNG states and stop signals. Training,
+decoding and the benchmarks all take these from here."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt.config import ConfigError, Precision, valid_device
+
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """auto: this process's GPU if there is one, else the CPU; cuda: this process's GPU (cuda:LOCAL_RANK)."""

@@ -168,6 +168,7 @@ class Trainer:
         what stopped the run early: "signal" (SIGTERM/SIGUSR1, after a complete checkpoint, on every rank at the
         same update), "time" (train.max_minutes) or None."""
         cfg, env = self.cfg, self.env
+        self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
             self.load_state_dict(state)
         self.check_attention()

@@ -12,8 +12,8 @@ from sacrebleu.metrics import BLEU
 
 from nmt.config import DataConfig, SearchConfig
 from nmt.data.batching import epoch_batches
-from nmt.data.readers import read_lines
 from nmt.data.pipeline import Prepared
+from nmt.data.readers import read_lines
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.decode import translate_lines

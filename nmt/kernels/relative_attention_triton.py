@@ -1,8 +1,8 @@
 """The Triton device code of the fused relation-aware attention (Eq. 3-5); nmt/kernels/relative_attention.py
 launches it as a torch custom op and says how it works.
 
-Every kernel takes its tensors, then three groups: `strides` (Strides), `sizes` (Sizes: what changes with the
-model), the lengths that change with every batch (NQ, NK, R, LO, Q_OFFSET: never specialized), and META (Meta,
+Every kernel takes its tensors, then `strides` (Strides), `sizes` (Sizes: what changes with the model), the
+lengths that change with every batch (NQ, NK, R, LO, Q_OFFSET: never specialized), and META (Meta,
 constexpr: the terms present and the tile shapes BLOCK_M query rows, BLOCK_N keys, BLOCK_D head dims and BLOCK_R
 edge vectors, the window rows lo..lo+R-1 of the 2k+1)."""
 

@@ -1,4 +1,5 @@
-"""Checkpoints: atomic save, safe load (weights_only), resume lookup, and averaging.
+"""Checkpoints: atomic save, safe load (weights_only), resume lookup, averaging, and a training run's saves from
+every rank (Checkpointer).
 
 A checkpoint is a dict of tensors and plain containers. What a run writes in its output folder:
 - checkpoint_<update>.pt: what averaging and decoding need, "model" (state_dict), "config" (resolved, plain),

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention import KV, MultiHeadAttention
-from nmt.kernels.dispatch import AttentionBackend
 from nmt.config import ModelConfig, Norm, Position
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
+from nmt.kernels.dispatch import AttentionBackend
 
 
 def sinusoids(n: int, d: int, offset: int = 0) -> Tensor:

@@ -19,8 +19,9 @@ from torch import Tensor
 from nmt.kernels.window import EdgeWindow
 
 
-def attention_mask(nq, nk, key_padding_mask, causal, q_offset, device) -> Tensor | None:
-    """Boolean (B or 1, 1, Nq, Nk) mask, True = may not attend; None when nothing is masked."""
+def attention_mask(nq, nk, key_padding_mask, causal, q_offset, device) -> tuple[Tensor | None, Tensor | None]:
+    """(boolean (B or 1, 1, Nq, Nk) mask, True = may not attend; None when nothing is masked) and the rows with no
+    visible key at all, (B, 1, Nq, 1) or None: they must give 0, not NaN nor a uniform average."""
     mask = None
     if causal:
         query_pos = torch.arange(q_offset, q_offset + nq, device=device)
@@ -28,7 +29,8 @@ def attention_mask(nq, nk, key_padding_mask, causal, q_offset, device) -> Tensor
     if key_padding_mask is not None:
         pad = key_padding_mask[:, None, None, :]  # (B, 1, 1, Nk)
         mask = pad if mask is None else (mask | pad)
-    return mask
+    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    return mask, empty_rows
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
@@ -36,9 +38,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
                        q_offset: int = 0, dropout_p: float = 0.0) -> Tensor:
     """Eq. 3-5 as nmt.attention.relation_aware_attention documents it; window None: no tables (plain attention)."""
     nq, nk = q.shape[-2], k.shape[-2]
-    mask = attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
-    # Rows with no visible key (fully padded) must give 0, not NaN nor a uniform average.
-    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    mask, empty_rows = attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
     if window is None:
         return sdpa(q, k, v, None, mask, empty_rows, dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -59,8 +59,7 @@ def reference_attention(q, k, v, rel_k, rel_v, window: EdgeWindow, key_padding_m
                         keep: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
     """Eq. 3-5 in plain differentiable ops, with the window's rows of the tables given and dropout as an explicit
     (B, H, Nq, Nk) keep mask: what the kernel's self-test and backward fallback compare against."""
-    mask = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
-    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    mask, empty_rows = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
     buckets = window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
     return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p,
                                1.0 / math.sqrt(q.shape[-1]), keep)
@@ -70,8 +69,7 @@ def attention_weights(q: Tensor, k: Tensor, rel_k: Tensor | None, window: EdgeWi
                       key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0) -> Tensor:
     """alpha_ij, Eq. 4's scores through the softmax, (B, H, Nq, Nk): for looking at where attention goes
     (scripts/plot_attention_distance.py). rel_k: the whole (2k+1)-row table, or None."""
-    mask = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
-    empty_rows = None if mask is None or key_padding_mask is None else mask.all(-1, keepdim=True)
+    mask, empty_rows = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
     buckets = window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
     rel_k = None if rel_k is None else window.cut(rel_k).to(q.dtype)
     return _weights(q, k, rel_k, buckets, mask, empty_rows, 1.0 / math.sqrt(q.shape[-1]))

@@ -67,10 +67,10 @@ def _check_dtypes(*tensors: Tensor) -> None:
         raise TypeError(f"relative_attention: q, k, v (and the output gradient) must share one dtype, got {dtypes}")
 
 
-def launch(kernel, launch_grid, *args, num_warps: int):
+def launch(kernel, launch_grid, *args, **constexprs):
     """Every kernel launch goes through here; nmt.kernels.resources swaps in `kernel.warmup` to compile the
     real argument lists for a GPU it does not have."""
-    return kernel[launch_grid](*args, num_warps=num_warps)
+    return kernel[launch_grid](*args, **constexprs)
 
 
 @dataclass
@@ -115,8 +115,8 @@ class _Launch:
 
     def launch(self, kernel, n: int, block: int, *tensors: Tensor | None, rows: Tensor) -> None:
         """Launch `kernel` over n rows in blocks of `block`: `tensors`, then the arguments every kernel shares."""
-        launch(kernel, self.grid(n, block), *tensors, self.strides(rows), self.sizes, *self.lengths, self.meta,
-               num_warps=self.tiles.num_warps)
+        launch(kernel, self.grid(n, block), *tensors, self.strides(rows), self.sizes, *self.lengths,
+               **self.meta._asdict(), num_warps=self.tiles.num_warps)
 
 
 def forward(q, k, v, rel_k, rel_v, key_padding_mask, seed, clip, lo, causal, q_offset, dropout_p,

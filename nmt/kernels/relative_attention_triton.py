@@ -2,9 +2,10 @@
 launches it as a torch custom op and says how it works.
 
 Every kernel takes its tensors, then `strides` (Strides), `sizes` (Sizes: what changes with the model), the
-lengths that change with every batch (NQ, NK, R, LO, Q_OFFSET: never specialized), and META (Meta,
-constexpr: the terms present and the tile shapes BLOCK_M query rows, BLOCK_N keys, BLOCK_D head dims and BLOCK_R
-edge vectors, the window rows lo..lo+R-1 of the 2k+1)."""
+lengths that change with every batch (NQ, NK, R, LO, Q_OFFSET: never specialized), and the constexprs of Meta by
+name: the terms present and the tile shapes BLOCK_M query rows, BLOCK_N keys, BLOCK_D head dims and BLOCK_R edge
+vectors (the window rows lo..lo+R-1 of the 2k+1). Meta stays separate parameters rather than one constexpr tuple:
+Triton 3.3 cannot read a constexpr tuple's fields, and 3.4-3.5 cannot hand one on to a helper."""
 
 from typing import NamedTuple
 
@@ -18,19 +19,19 @@ BATCH_VARYING = ["NQ", "NK", "R", "LO", "Q_OFFSET"]
 
 
 class Meta(NamedTuple):
-    """What a kernel is compiled for (constexpr)."""
+    """The constexprs every kernel ends with (passed by name): what a kernel is compiled for."""
 
-    HAS_RK: tl.constexpr  # a^K (Eq. 4)
-    HAS_RV: tl.constexpr  # a^V (Eq. 3)
-    HAS_KPM: tl.constexpr  # a key padding mask
-    CAUSAL: tl.constexpr
-    DROPOUT: tl.constexpr
-    ACC: tl.constexpr  # the accumulators' dtype
-    BLOCK_M: tl.constexpr
-    BLOCK_N: tl.constexpr
-    BLOCK_D: tl.constexpr
-    BLOCK_R: tl.constexpr
-    PREC: tl.constexpr  # tl.dot's input_precision
+    HAS_RK: bool  # a^K (Eq. 4)
+    HAS_RV: bool  # a^V (Eq. 3)
+    HAS_KPM: bool  # a key padding mask
+    CAUSAL: bool
+    DROPOUT: bool
+    ACC: object  # the accumulators' dtype (tl.float32; tl.float64 for float64 inputs)
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_D: int
+    BLOCK_R: int
+    PREC: str  # tl.dot's input_precision
 
 
 class Sizes(NamedTuple):
@@ -94,16 +95,17 @@ def _bucket_sums(w, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _scores(q, k, q_edge, KPM, b, cols, qpos, NK, LO, sizes, META: tl.constexpr):
+def _scores(q, k, q_edge, KPM, b, cols, qpos, NK, LO, sizes, HAS_RK: tl.constexpr, HAS_KPM: tl.constexpr,
+            CAUSAL: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
     """Eq. 4 for one (query block, key block): scaled scores, -inf where a key is not visible."""
     dist = cols[None, :] - qpos[:, None]  # j - i
-    s = tl.dot(q, tl.trans(k), input_precision=META.PREC)
-    if META.HAS_RK:
-        s += tl.gather(q_edge, _buckets(dist, sizes.CLIP, LO, META.BLOCK_R), 1)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if HAS_RK:
+        s += tl.gather(q_edge, _buckets(dist, sizes.CLIP, LO, BLOCK_R), 1)
     visible = cols[None, :] < NK
-    if META.HAS_KPM:
+    if HAS_KPM:
         visible = visible & (tl.load(KPM + b * NK + cols, mask=cols < NK, other=1)[None, :] == 0)
-    if META.CAUSAL:
+    if CAUSAL:
         visible = visible & (dist <= 0)
     return tl.where(visible, s * sizes.scale, float("-inf")), dist
 
@@ -130,49 +132,53 @@ def _keep(SEED, bh, rows, cols, NQ, NK, dropout_p):
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING)
-def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, strides, sizes, NQ, NK, R, LO, Q_OFFSET, META: tl.constexpr):
+def forward_kernel(
+        Q, K, V, RK, RV, KPM, SEED, OUT, LSE, strides, sizes, NQ, NK, R, LO, Q_OFFSET,
+        HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+        PREC: tl.constexpr):
     bh, b, h = _program_head(sizes.H)
     D, CLIP = sizes.D, sizes.CLIP
-    rows = tl.program_id(1) * META.BLOCK_M + tl.arange(0, META.BLOCK_M)
-    dcol, rcol = tl.arange(0, META.BLOCK_D), tl.arange(0, META.BLOCK_R)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     qpos = rows + Q_OFFSET
     q = _load_rows(Q, b, h, rows, strides.q, dcol, NQ, D)
-    q_edge = tl.zeros((META.BLOCK_M, META.BLOCK_R), META.ACC)
-    if META.HAS_RK:
-        q_edge = tl.dot(q, tl.trans(_edge_table(RK, h, strides.rk, rcol, dcol, R, D)), input_precision=META.PREC)
+    q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
+    if HAS_RK:
+        q_edge = tl.dot(q, tl.trans(_edge_table(RK, h, strides.rk, rcol, dcol, R, D)), input_precision=PREC)
 
-    m_i = tl.full((META.BLOCK_M,), float("-inf"), META.ACC)
-    l_i = tl.zeros((META.BLOCK_M,), META.ACC)
-    acc = tl.zeros((META.BLOCK_M, META.BLOCK_D), META.ACC)
-    mass = tl.zeros((META.BLOCK_M, META.BLOCK_R), META.ACC)
+    m_i = tl.full((BLOCK_M,), float("-inf"), ACC)
+    l_i = tl.zeros((BLOCK_M,), ACC)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), ACC)
+    mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     end = NK
-    if META.CAUSAL:  # key blocks wholly right of the block's last query are never visible
-        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * META.BLOCK_M)
-    for start_n in range(0, end, META.BLOCK_N):
-        cols = start_n + tl.arange(0, META.BLOCK_N)
+    if CAUSAL:  # key blocks wholly right of the block's last query are never visible
+        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * BLOCK_M)
+    for start_n in range(0, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(K, b, h, cols, strides.k, dcol, NK, D)
-        s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, LO, sizes, META)
+        s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, LO, sizes, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if META.DROPOUT:
+        if DROPOUT:
             p = tl.where(_keep(SEED, bh, rows, cols, NQ, NK, sizes.dropout_p), p / (1.0 - sizes.dropout_p), 0.0)
         v = _load_rows(V, b, h, cols, strides.v, dcol, NK, D)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=META.PREC)
-        if META.HAS_RV:
-            mass = mass * alpha[:, None] + _bucket_sums(p, dist, qpos, start_n, rcol, CLIP, LO, META.BLOCK_N)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        if HAS_RV:
+            mass = mass * alpha[:, None] + _bucket_sums(p, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
         m_i = m_new
 
     seen = l_i > 0.0  # rows with no visible key (all padding) output 0
     inv = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
     out = acc * inv[:, None]
     row_mask = rows < NQ
-    if META.HAS_RV:
+    if HAS_RV:
         mass = mass * inv[:, None]
         rv = _edge_table(RV, h, strides.rv, rcol, dcol, R, D)
-        out += tl.dot(mass.to(rv.dtype), rv, input_precision=META.PREC)  # Eq. 3's sum_j alpha_ij a^V_ij
+        out += tl.dot(mass.to(rv.dtype), rv, input_precision=PREC)  # Eq. 3's sum_j alpha_ij a^V_ij
     so = strides.o
     tl.store(OUT + b * so[0] + h * so[1] + rows[:, None] * so[2] + dcol[None, :], out.to(OUT.dtype.element_ty),
              mask=row_mask[:, None] & (dcol[None, :] < D))
@@ -181,15 +187,16 @@ def forward_kernel(Q, K, V, RK, RV, KPM, SEED, OUT, LSE, strides, sizes, NQ, NK,
 
 @triton.jit
 def _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos, NQ, NK, LO, sizes,
-                     META: tl.constexpr):
+                     HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr,
+                     DROPOUT: tl.constexpr, BLOCK_R: tl.constexpr, PREC: tl.constexpr):
     """Recomputed probabilities (as used: after dropout) and score gradients of one (query, key) block."""
-    s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, LO, sizes, META)
+    s, dist = _scores(q, k, q_edge, KPM, b, cols, qpos, NK, LO, sizes, HAS_RK, HAS_KPM, CAUSAL, BLOCK_R, PREC)
     p = tl.exp(s - lse[:, None])  # lse = +inf on rows with nothing visible: p = 0
-    dp = tl.dot(do, tl.trans(v), input_precision=META.PREC)  # d alpha_ij = dO_i . (v_j + a^V_ij)
-    if META.HAS_RV:
-        dp += tl.gather(do_edge, _buckets(dist, sizes.CLIP, LO, META.BLOCK_R), 1)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)  # d alpha_ij = dO_i . (v_j + a^V_ij)
+    if HAS_RV:
+        dp += tl.gather(do_edge, _buckets(dist, sizes.CLIP, LO, BLOCK_R), 1)
     used = p
-    if META.DROPOUT:
+    if DROPOUT:
         keep = _keep(SEED, bh, rows, cols, NQ, NK, sizes.dropout_p)
         used = tl.where(keep, p / (1.0 - sizes.dropout_p), 0.0)
         dp = tl.where(keep, dp / (1.0 - sizes.dropout_p), 0.0)
@@ -198,83 +205,94 @@ def _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh,
 
 
 @triton.jit
-def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol, strides, NQ, D, R, META: tl.constexpr):
+def _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol, strides, NQ, D, R, HAS_RK: tl.constexpr,
+                     HAS_RV: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+                     PREC: tl.constexpr):
     q = _load_rows(Q, b, h, rows, strides.q, dcol, NQ, D)
     do = _load_rows(DO, b, h, rows, strides.o, dcol, NQ, D)
-    q_edge = tl.zeros((META.BLOCK_M, META.BLOCK_R), META.ACC)
-    do_edge = tl.zeros((META.BLOCK_M, META.BLOCK_R), META.ACC)
-    if META.HAS_RK:
-        q_edge = tl.dot(q, tl.trans(_edge_table(RK, h, strides.rk, rcol, dcol, R, D)), input_precision=META.PREC)
-    if META.HAS_RV:
-        do_edge = tl.dot(do, tl.trans(_edge_table(RV, h, strides.rv, rcol, dcol, R, D)), input_precision=META.PREC)
+    q_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
+    do_edge = tl.zeros((BLOCK_M, BLOCK_R), ACC)
+    if HAS_RK:
+        q_edge = tl.dot(q, tl.trans(_edge_table(RK, h, strides.rk, rcol, dcol, R, D)), input_precision=PREC)
+    if HAS_RV:
+        do_edge = tl.dot(do, tl.trans(_edge_table(RV, h, strides.rv, rcol, dcol, R, D)), input_precision=PREC)
     lse = tl.load(LSE + bh * NQ + rows, mask=rows < NQ, other=float("inf"))
     delta = tl.load(DELTA + bh * NQ + rows, mask=rows < NQ, other=0.0)
     return q, do, q_edge, do_edge, lse, delta
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING)
-def backward_kv_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV, strides, sizes, NQ, NK, R, LO, Q_OFFSET,
-                       META: tl.constexpr):
+def backward_kv_kernel(
+        Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DK, DV, strides, sizes, NQ, NK, R, LO, Q_OFFSET,
+        HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+        PREC: tl.constexpr):
     bh, b, h = _program_head(sizes.H)
     D = sizes.D
-    start_n = tl.program_id(1) * META.BLOCK_N
-    cols = start_n + tl.arange(0, META.BLOCK_N)
-    dcol, rcol = tl.arange(0, META.BLOCK_D), tl.arange(0, META.BLOCK_R)
+    start_n = tl.program_id(1) * BLOCK_N
+    cols = start_n + tl.arange(0, BLOCK_N)
+    dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     kv_mask = (cols[:, None] < NK) & (dcol[None, :] < D)
     k = _load_rows(K, b, h, cols, strides.k, dcol, NK, D)
     v = _load_rows(V, b, h, cols, strides.v, dcol, NK, D)
-    dk = tl.zeros((META.BLOCK_N, META.BLOCK_D), META.ACC)
-    dv = tl.zeros((META.BLOCK_N, META.BLOCK_D), META.ACC)
+    dk = tl.zeros((BLOCK_N, BLOCK_D), ACC)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), ACC)
     begin = 0
-    if META.CAUSAL:  # query blocks wholly before this key block never see it
-        begin = tl.maximum(start_n - Q_OFFSET, 0) // META.BLOCK_M * META.BLOCK_M
-    for start_m in range(begin, NQ, META.BLOCK_M):
-        rows = start_m + tl.arange(0, META.BLOCK_M)
+    if CAUSAL:  # query blocks wholly before this key block never see it
+        begin = tl.maximum(start_n - Q_OFFSET, 0) // BLOCK_M * BLOCK_M
+    for start_m in range(begin, NQ, BLOCK_M):
+        rows = start_m + tl.arange(0, BLOCK_M)
         q, do, q_edge, do_edge, lse, delta = _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
-                                                              strides, NQ, D, R, META)
+                                                              strides, NQ, D, R, HAS_RK, HAS_RV, ACC, BLOCK_M,
+                                                              BLOCK_R, PREC)
         used, ds, _ = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols,
-                                       rows + Q_OFFSET, NQ, NK, LO, sizes, META)
-        dv += tl.dot(tl.trans(used.to(do.dtype)), do, input_precision=META.PREC)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=META.PREC)
+                                       rows + Q_OFFSET, NQ, NK, LO, sizes, HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT,
+                                       BLOCK_R, PREC)
+        dv += tl.dot(tl.trans(used.to(do.dtype)), do, input_precision=PREC)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     tl.store(DK + (bh * NK + cols[:, None]) * D + dcol[None, :], (dk * sizes.scale).to(DK.dtype.element_ty),
              mask=kv_mask)
     tl.store(DV + (bh * NK + cols[:, None]) * D + dcol[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit(do_not_specialize=BATCH_VARYING)
-def backward_q_kernel(Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P_MASS, strides, sizes, NQ, NK, R, LO,
-                      Q_OFFSET, META: tl.constexpr):
+def backward_q_kernel(
+        Q, K, V, RK, RV, KPM, SEED, DO, LSE, DELTA, DQ, DS_MASS, P_MASS, strides, sizes, NQ, NK, R, LO, Q_OFFSET,
+        HAS_RK: tl.constexpr, HAS_RV: tl.constexpr, HAS_KPM: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+        ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+        PREC: tl.constexpr):
     bh, b, h = _program_head(sizes.H)
     D, CLIP = sizes.D, sizes.CLIP
-    rows = tl.program_id(1) * META.BLOCK_M + tl.arange(0, META.BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     qpos = rows + Q_OFFSET
-    dcol, rcol = tl.arange(0, META.BLOCK_D), tl.arange(0, META.BLOCK_R)
+    dcol, rcol = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_R)
     q, do, q_edge, do_edge, lse, delta = _load_query_side(Q, DO, RK, RV, LSE, DELTA, b, h, bh, rows, dcol, rcol,
-                                                          strides, NQ, D, R, META)
-    dq = tl.zeros((META.BLOCK_M, META.BLOCK_D), META.ACC)
-    ds_mass = tl.zeros((META.BLOCK_M, META.BLOCK_R), META.ACC)
-    p_mass = tl.zeros((META.BLOCK_M, META.BLOCK_R), META.ACC)
+                                                          strides, NQ, D, R, HAS_RK, HAS_RV, ACC, BLOCK_M, BLOCK_R,
+                                                          PREC)
+    dq = tl.zeros((BLOCK_M, BLOCK_D), ACC)
+    ds_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
+    p_mass = tl.zeros((BLOCK_M, BLOCK_R), ACC)
     end = NK
-    if META.CAUSAL:
-        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * META.BLOCK_M)
-    for start_n in range(0, end, META.BLOCK_N):
-        cols = start_n + tl.arange(0, META.BLOCK_N)
+    if CAUSAL:
+        end = tl.minimum(NK, Q_OFFSET + (tl.program_id(1) + 1) * BLOCK_M)
+    for start_n in range(0, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(K, b, h, cols, strides.k, dcol, NK, D)
         v = _load_rows(V, b, h, cols, strides.v, dcol, NK, D)
         used, ds, dist = _probs_and_grads(q, k, v, do, q_edge, do_edge, lse, delta, KPM, SEED, b, bh, rows, cols, qpos,
-                                          NQ, NK, LO, sizes, META)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=META.PREC)
-        if META.HAS_RK:
-            ds_mass += _bucket_sums(ds, dist, qpos, start_n, rcol, CLIP, LO, META.BLOCK_N)
-        if META.HAS_RV:
-            p_mass += _bucket_sums(used, dist, qpos, start_n, rcol, CLIP, LO, META.BLOCK_N)
+                                          NQ, NK, LO, sizes, HAS_RK, HAS_RV, HAS_KPM, CAUSAL, DROPOUT, BLOCK_R, PREC)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+        if HAS_RK:
+            ds_mass += _bucket_sums(ds, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
+        if HAS_RV:
+            p_mass += _bucket_sums(used, dist, qpos, start_n, rcol, CLIP, LO, BLOCK_N)
     row_mask = rows < NQ
-    if META.HAS_RV:
+    if HAS_RV:
         tl.store(P_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], p_mass,
                  mask=row_mask[:, None] & (rcol[None, :] < R))
-    if META.HAS_RK:  # d q_i gets sum_j ds_ij a^K_ij = (bucket sums of ds) @ w^K
+    if HAS_RK:  # d q_i gets sum_j ds_ij a^K_ij = (bucket sums of ds) @ w^K
         rk = _edge_table(RK, h, strides.rk, rcol, dcol, R, D)
-        dq += tl.dot(ds_mass.to(rk.dtype), rk, input_precision=META.PREC)
+        dq += tl.dot(ds_mass.to(rk.dtype), rk, input_precision=PREC)
         tl.store(DS_MASS + (bh * NQ + rows[:, None]) * R + rcol[None, :], ds_mass,
                  mask=row_mask[:, None] & (rcol[None, :] < R))
     tl.store(DQ + (bh * NQ + rows[:, None]) * D + dcol[None, :], (dq * sizes.scale).to(DQ.dtype.element_ty),

@@ -108,15 +108,25 @@ class _StubDriver:
         return torch.device("cpu")
 
 
-def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
-    """Registers, spilled bytes (stores + loads) and stack bytes per thread, from `ptxas -v`."""
+def _ptxas(arch: int) -> str:
+    """The ptxas Triton itself would use for `arch`, across the versions' signatures: (path, version) in 3.3,
+    one for every target in 3.4-3.5, a per-target object with .path from 3.6."""
     from triton.backends.nvidia.compiler import get_ptxas
 
+    try:
+        found = get_ptxas(arch)
+    except TypeError:
+        found = get_ptxas()
+    return found.path if hasattr(found, "path") else found[0]
+
+
+def _ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
+    """Registers, spilled bytes (stores + loads) and stack bytes per thread, from `ptxas -v`."""
     gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        log = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name={gpu}", str(src), "-o", str(Path(tmp) / "k")],
+        log = subprocess.run([_ptxas(arch), "-v", f"--gpu-name={gpu}", str(src), "-o", str(Path(tmp) / "k")],
                              capture_output=True, text=True, check=True).stderr
     registers = max(int(n) for n in re.findall(r"Used (\d+) registers", log))
     spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
@@ -133,8 +143,8 @@ def compile_config(arch: int, config: Config) -> list[Usage]:
     driver.set_active(_StubDriver(arch))
     compiled = []
 
-    def warmup(kernel, launch_grid, *args, num_warps):
-        compiled.append((kernel.warmup(*args, grid=launch_grid, num_warps=num_warps), args[-1], num_warps))
+    def warmup(kernel, launch_grid, *args, **constexprs):
+        compiled.append((kernel.warmup(*args, grid=launch_grid, **constexprs), constexprs))
 
     dtype = getattr(torch, config.dtype)
     b, h, d, clip = 2, 1 if config.shared else 4, config.head_dim, (config.buckets - 1) // 2
@@ -157,18 +167,16 @@ def compile_config(arch: int, config: Config) -> list[Usage]:
     finally:
         op.launch = saved_launch
     usages = []
-    for name, (kernel, meta, num_warps) in zip(KERNELS, compiled):
+    for name, (kernel, constexprs) in zip(KERNELS, compiled):
         registers, spills, stack = _ptxas_usage(kernel.asm["ptx"], arch)
-        usages.append(Usage(arch, str(config), name, meta.BLOCK_M, meta.BLOCK_N, num_warps, registers, spills, stack,
-                            kernel.metadata.shared))
+        usages.append(Usage(arch, str(config), name, constexprs["BLOCK_M"], constexprs["BLOCK_N"],
+                            constexprs["num_warps"], registers, spills, stack, kernel.metadata.shared))
     return usages
 
 
 def nvidia_backend_available() -> bool:
     try:
-        from triton.backends.nvidia.compiler import get_ptxas
-
-        return Path(get_ptxas(90).path).is_file() and Path(get_ptxas(80).path).is_file()
+        return Path(_ptxas(90)).is_file() and Path(_ptxas(80)).is_file()
     except Exception:  # no triton, or a build without the nvidia backend
         return False
 

@@ -48,6 +48,13 @@ def compose_job(overrides: list[str]) -> tuple[TrainJob, dict]:
 _COMPOSE = threading.Lock()  # Hydra's compose API is a process-wide singleton: one thread at a time
 
 
+def preset_job(*overrides: str) -> TrainJob:
+    """The checked job that presets and overrides describe (e.g. "model=big", "+experiment=paper_big"), for scripts
+    that need a preset's values: the schema and configs/ stay their one home. Not a run: no output folder."""
+    with _COMPOSE:
+        return compose_job([*overrides, "train.output_dir=-"])[0]
+
+
 def run_identity(overrides: list[str]) -> str:
     """What makes two runs the same run: the resolved config, less where it was written, with how many threads,
     on which device and through which attention implementation (none of which changes the result)."""

@@ -151,7 +151,8 @@ def autocast_dtype(precision: Precision, device: torch.device, training: bool = 
         return None
     if precision == Precision.fp16:
         return torch.float16
-    if precision == Precision.auto and not torch.cuda.is_bf16_supported():
+    # including_emulation=False: sm_70/75 (V100, T4) emulate bf16 slowly; there auto takes fp16 and its GradScaler
+    if precision == Precision.auto and not torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.float16 if training else None
     return torch.bfloat16
 

@@ -120,7 +120,9 @@ class Trainer:
         """
         env = self.env
         local_tokens = sum(b.target_tokens for b in batches)  # counted on the host at collation
-        tokens = torch.tensor(float(local_tokens), device=env.device)
+        # from pinned memory, asynchronously: a pageable copy would make the host wait for the device here
+        tokens = torch.tensor(float(local_tokens), pin_memory=env.device.type == "cuda").to(env.device,
+                                                                                             non_blocking=True)
         if env.world_size > 1:
             dist.all_reduce(tokens)  # stays on the device: only divides the loss
         batches = [b.to(env.device) for b in batches]

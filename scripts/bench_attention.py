@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.attention import MultiHeadAttention
-from nmt.config import ModelConfig, Position
+from nmt.config import Position
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer
 
@@ -129,15 +129,17 @@ def with_backend(layer, step, mode: str):
 
 
 def model_steps(preset: str, device, dtype):
-    import yaml
+    from dataclasses import replace
 
-    fields = yaml.safe_load(open(Path(__file__).parent.parent / "configs/model" / f"{preset}.yaml"))
+    from nmt.experiment import preset_job
+
+    cfg = preset_job(f"model={preset}").model
     src = torch.randint(4, 8000, (32, 48), device=device)
     tgt = torch.randint(4, 8000, (32, 49), device=device)
     steps = {}
     for position in (Position.relative, Position.absolute):
         torch.manual_seed(0)
-        model = Transformer(ModelConfig(**{**fields, "position": position}), 8000,
+        model = Transformer(replace(cfg, position=position), 8000,
                             AttentionBackend("auto")).to(device=device, dtype=dtype)
 
         def step(model=model, backward=True):

@@ -1,14 +1,14 @@
 """Decoding speed: greedy and beam 4 on the bundled test set, and what the incremental cache buys.
 
     python scripts/bench_decode.py [--checkpoint outputs/demo/averaged.pt] [--threads 2] [--device cpu]
-                                   [--precision auto|fp32|bf16|fp16]
+                                   [--precision auto|fp32|bf16|fp16] [--sentences N] [--repeats 5]
 
 Decoding runs as nmt.translate does (precision=auto: bf16 autocast on a GPU that has it, fp32 on a CPU;
-attention=auto: the fused kernel on CUDA where its self-test passes).
+attention=auto: the fused kernel on CUDA where its self-test passes). Every timing waits for the device.
 
-Without a checkpoint (before `make demo`) it uses a random-weight model of the `tiny` shape.
+Without a checkpoint (before `make demo`) it uses a random-weight model of the `tiny` shape (--preset).
 Cached vs uncached: 50 decoder steps for a batch of 32 sentences, one token per step, with the
-cache versus re-running the decoder over the whole prefix (median of repeats, interleaved).
+cache versus re-running the decoder over the whole prefix (median of repeats, interleaved), in the same precision.
 """
 
 from __future__ import annotations
@@ -21,17 +21,21 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
-from nmt.config import ModelConfig, Precision, SearchConfig
+from nmt.config import Precision, SearchConfig
 from nmt.data.batching import pad_rows
-from nmt.model import BOS, EOS, Transformer
-from nmt.search import Uncached
 from nmt.decode import encode_lines, load_translator, translate_ids
 from nmt.kernels.dispatch import AttentionBackend
+from nmt.model import BOS, EOS, Transformer
 from nmt.runtime import autocast, autocast_dtype
+from nmt.search import Uncached
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def step_loop(model, src, steps: int) -> None:
@@ -42,57 +46,80 @@ def step_loop(model, src, steps: int) -> None:
         token = logits[:, -1:].argmax(-1)
 
 
+def load_model(checkpoint: str | None, device: torch.device, preset: str = "tiny"):
+    """(model, vocabulary, what it is): the checkpoint's, or a random-weight preset over the prepared vocabulary."""
+    if checkpoint and Path(checkpoint).is_file():
+        model, vocab = load_translator(checkpoint, device, AttentionBackend("auto"))
+        return model, vocab, f"trained checkpoint {checkpoint}"
+    from nmt.data.pipeline import prepared_dir
+    from nmt.data.vocab import Vocab
+    from nmt.experiment import preset_job
+
+    job = preset_job(f"model={preset}", "data=multi30k_en_de")
+    vocab = Vocab(prepared_dir(job.data) / "spm.model")
+    model = Transformer(job.model, len(vocab), AttentionBackend("auto")).to(device).eval()
+    return model, vocab, f"random-weight {preset} model (run make demo for a trained one)"
+
+
+def measure(model, vocab, lines: list[str], device: torch.device, dtype, repeats: int) -> dict:
+    """Sentences and target tokens per second, greedy and beam 4, and the cache's speed-up, under `dtype` autocast."""
+    ids = encode_lines(vocab, lines, 500)
+    report = {"sentences": len(lines), "precision": str(dtype or torch.float32)}
+    for name, beam in (("greedy", 1), ("beam4", 4)):
+        synchronize(device)
+        start = time.perf_counter()
+        with autocast(device, dtype):
+            out = translate_ids(model, ids, SearchConfig(beam=beam), device)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(row) + 1 for row in out)
+        report[name] = {"seconds": round(seconds, 3), "sentences_per_s": round(len(lines) / seconds, 1),
+                        "target_tokens_per_s": round(tokens / seconds)}
+        print(f"{name:7s} {len(lines) / seconds:8.1f} sentences/s {tokens / seconds:9.0f} target tokens/s", flush=True)
+
+    src = pad_rows([torch.tensor(row).numpy() for row in ids[:32]], suffix=EOS).to(device)
+    times = {"cached": [], "uncached": []}
+    with torch.no_grad(), autocast(device, dtype):
+        for _ in range(repeats):
+            for name, decoder in (("cached", model), ("uncached", Uncached(model))):
+                synchronize(device)
+                start = time.perf_counter()
+                step_loop(decoder, src, 50)
+                synchronize(device)
+                times[name].append(time.perf_counter() - start)
+    cached, uncached = (statistics.median(times[k]) for k in ("cached", "uncached"))
+    report["cache_50_steps"] = {"cached_s": round(cached, 4), "uncached_s": round(uncached, 4),
+                                "speedup": round(uncached / cached, 2)}
+    print(f"50 steps x {src.shape[0]} sentences: cached {cached:.3f} s, uncached {uncached:.3f} s, "
+          f"speed-up {uncached / cached:.1f}x", flush=True)
+    return report
+
+
+def test_sentences(n: int | None = None) -> list[str]:
+    with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:n] if n else lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="outputs/demo/averaged.pt")
+    parser.add_argument("--preset", default="tiny", help="the random-weight model's shape when there is no checkpoint")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--sentences", type=int, default=0, help="the first N test sentences (0: all 1,000)")
     parser.add_argument("--precision", default="auto", choices=[p.value for p in Precision])
     parser.add_argument("--output", default="results/bench_decode.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = autocast_dtype(Precision(args.precision), device, training=False)
-    if Path(args.checkpoint).is_file():
-        model, vocab = load_translator(args.checkpoint, device, AttentionBackend("auto"))
-        source = f"trained checkpoint {args.checkpoint}"
-    else:
-        from nmt.data.vocab import Vocab
-
-        fields = yaml.safe_load(open(ROOT / "configs/model/tiny.yaml"))
-        model = Transformer(ModelConfig(**fields), 8000, AttentionBackend("auto")).to(device).eval()
-        vocab = Vocab(ROOT / "prepared/multi30k_en_de/spm.model")
-        source = "random-weight tiny model (run make demo for a trained one)"
-    with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
-    ids = encode_lines(vocab, lines, 500)
-    report = {"model": source, "device": args.device, "threads": args.threads, "sentences": len(lines),
-              "precision": str(dtype or torch.float32)}
+    model, vocab, source = load_model(args.checkpoint, device, args.preset)
+    lines = test_sentences(args.sentences)
     print(f"{source}; {len(lines)} sentences; {args.device}, {args.threads} threads, {dtype or torch.float32}")
-    for name, beam in (("greedy", 1), ("beam4", 4)):
-        start = time.perf_counter()
-        with autocast(device, dtype):
-            out = translate_ids(model, ids, SearchConfig(beam=beam), device)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(row) + 1 for row in out)
-        report[name] = {"seconds": round(seconds, 2), "sentences_per_s": round(len(lines) / seconds, 1),
-                        "target_tokens_per_s": round(tokens / seconds)}
-        print(f"{name:7s} {len(lines) / seconds:8.1f} sentences/s {tokens / seconds:9.0f} target tokens/s")
-
-    src = pad_rows([torch.tensor(row).numpy() for row in ids[:32]], suffix=EOS).to(device)
-    times = {"cached": [], "uncached": []}
-    with torch.no_grad():
-        for _ in range(args.repeats):
-            for name, decoder in (("cached", model), ("uncached", Uncached(model))):
-                start = time.perf_counter()
-                step_loop(decoder, src, 50)
-                times[name].append(time.perf_counter() - start)
-    cached, uncached = (statistics.median(times[k]) for k in ("cached", "uncached"))
-    report["cache_50_steps"] = {"cached_s": round(cached, 3), "uncached_s": round(uncached, 3),
-                                "speedup": round(uncached / cached, 2)}
-    print(f"50 steps x 32 sentences: cached {cached:.2f} s, uncached {uncached:.2f} s, "
-          f"speed-up {uncached / cached:.1f}x")
+    report = {"model": source, "device": args.device, "threads": args.threads,
+              **measure(model, vocab, lines, device, dtype, args.repeats)}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.output}")

@@ -44,10 +44,17 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
                           f"train.device={device}", f"train.precision={precision}", f"train.max_tokens={max_tokens}",
                           "train.update_freq=1", f"train.compile={str(compile_model).lower()}", "train.seed=0",
                           f"train.max_steps={10 * steps}", f"train.output_dir={tempfile.mkdtemp()}"])
+    from nmt.kernels.dispatch import TRITON_INSTALLED
+
+    if TRITON_INSTALLED:  # the fused op's FLOP formula, registered before the counter copies the registry
+        import nmt.kernels.relative_attention  # noqa: F401
+
     trainer = Trainer(job, setup_env(job.train.device, job.train.threads))  # CPU: its threads and heap settings
     trainer.check_attention()  # as nmt.train does before compiling: the fused kernel where its self-test passed
     dev = trainer.env.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)  # several configurations may run in one process (the GPU check)
     stream = Prefetcher(training_stream(trainer.data.train, job.train.max_tokens, job.train.seed, 0, 1, 0, 0), depth=2,
                         pin_memory=dev.type == "cuda")
 
@@ -81,11 +88,31 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
         trainer_tokens += trainer.train_step(trainer.next_micro_batches(stream), False).tokens
     sync()
     trainer_seconds = time.perf_counter() - start
+    syncs = host_syncs_per_update(trainer, stream) if dev.type == "cuda" else None
     stream.close()
     flops = counter.get_total_flops() / 1e12
     return {"step_s": step, "target_tokens_per_s": tokens / sum(times), "peak_mib": peak,
             "tflops_per_step": flops, "tflop_s": flops / step,
-            "trainer_update_s": trainer_seconds / steps, "trainer_tokens_per_s": trainer_tokens / trainer_seconds}
+            "tflops_per_target_token": flops / batches[0].target_tokens,
+            "trainer_update_s": trainer_seconds / steps, "trainer_tokens_per_s": trainer_tokens / trainer_seconds,
+            "host_syncs_per_update": syncs}
+
+
+def host_syncs_per_update(trainer, stream, updates: int = 3) -> float:
+    """CUDA's count of synchronizing calls (torch.cuda.set_sync_debug_mode) over a few of the trainer's updates."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(updates):
+                trainer.train_step(trainer.next_micro_batches(stream), False)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught) / updates
 
 
 def main() -> None:
@@ -113,14 +140,22 @@ def main() -> None:
         runs = {"relative": [], "absolute": []}
         for _ in range(args.rounds):
             for position in runs:
-                out = subprocess.run([sys.executable, __file__, "--worker", preset, position, "--steps",
-                                      str(args.steps), "--device", args.device, "--precision", args.precision,
-                                      "--max-tokens", str(args.max_tokens), *(["--compile"] if args.compile else [])],
-                                     cwd=ROOT, check=True, capture_output=True, text=True).stdout
-                runs[position].append(json.loads(out.strip().splitlines()[-1]))
+                done = subprocess.run([sys.executable, __file__, "--worker", preset, position, "--steps",
+                                       str(args.steps), "--device", args.device, "--precision", args.precision,
+                                       "--max-tokens", str(args.max_tokens), *(["--compile"] if args.compile else [])],
+                                      cwd=ROOT, capture_output=True, text=True)
+                if done.returncode != 0:  # one failing configuration costs its row, not the report
+                    error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                    print(f"{preset} {position}: worker failed (exit {done.returncode}): {error}", flush=True)
+                    report["rows"].append({"preset": preset, "position": position, "error": error})
+                    continue
+                runs[position].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        if not all(runs.values()):
+            continue
         summary = {}
         for position, results in runs.items():
-            summary[position] = {key: statistics.median(r[key] for r in results) for key in results[0]}
+            summary[position] = {key: statistics.median(r[key] for r in results) for key in results[0]
+                                 if results[0][key] is not None}
             s = summary[position]
             if args.peak_tflops:
                 s["mfu"] = s["tflop_s"] / args.peak_tflops

@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 
 import torch
-import yaml
+from omegaconf import OmegaConf
 
 from nmt.checkpoint import WEIGHTS, save_checkpoint
-from nmt.config import ModelConfig
+from nmt.experiment import preset_job
 from nmt.model import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,21 +27,21 @@ RECIPES = {"base": "paper_base", "big": "paper_big"}
 
 
 def measure(preset: str, vocab_size: int, folder: Path) -> dict:
-    fields = yaml.safe_load(open(ROOT / "configs/model" / f"{preset}.yaml"))
-    model = Transformer(ModelConfig(**fields), vocab_size)
+    job = preset_job(f"model={preset}", f"+experiment={RECIPES[preset]}")
+    model = Transformer(job.model, vocab_size)
     optimizer = torch.optim.Adam(model.parameters())
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     optimizer.step()  # Adam's moments exist from the first update on
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1,
-             "config": {"model": fields}, "vocab": torch.zeros(800_000, dtype=torch.uint8)}  # spm.model, 32k pieces
+             "config": {"model": OmegaConf.to_container(OmegaConf.structured(job.model), enum_to_str=True)}, "vocab": torch.zeros(800_000, dtype=torch.uint8)}  # spm.model, 32k pieces
     sizes = {}
     for name, keys in (("numbered", WEIGHTS), ("whole_state", tuple(state))):
         path = folder / f"{preset}_{name}.pt"
         save_checkpoint({k: state[k] for k in keys if k in state}, path)
         sizes[name] = path.stat().st_size
         path.unlink()
-    keep = yaml.safe_load(open(ROOT / "configs/experiment" / f"{RECIPES[preset]}.yaml"))["train"]["keep_last"]
+    keep = job.train.keep_last
     peak = keep * sizes["numbered"] + 3 * sizes["whole_state"]
     before = keep * sizes["whole_state"]  # every numbered checkpoint a whole state, as before
     return {"preset": preset, "recipe": RECIPES[preset], "keep_last": keep, **sizes, "folder_peak": peak,

@@ -40,9 +40,11 @@ def data_overrides(data: DataConfig, **overrides) -> list[str]:
 def load_script(name: str):
     """A script under scripts/ as a module (scripts are not a package)."""
     import importlib.util
+    import sys
 
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 

@@ -157,7 +157,8 @@ def _check_on_rank(rank: int, port: int, out_dir: str) -> None:
     dispatch.self_test = lambda case, device: "simulated mismatch" if rank == 1 and case == cases[0] else None
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        verdicts = AttentionBackend("auto", devices=("cpu",), dtypes=(torch.float64,)).check(cases, torch.device("cpu"))
+        backend = AttentionBackend("auto", devices=("cpu",), dtypes=(torch.float64,), head_dims=(16,))
+        verdicts = backend.check(cases, torch.device("cpu"))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(
         {"verdicts": [verdicts[c] for c in cases], "warnings": len(fallback_warnings(record))}))
     dist.destroy_process_group()
@@ -176,3 +177,47 @@ def test_ranks_adopt_a_case_only_if_it_passed_on_every_rank(tmp_path):
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result == {"verdicts": [False, True], "warnings": 1}  # one warning per rank for the failed case
+
+
+def test_only_cases_the_dispatcher_can_send_are_self_tested(monkeypatch):
+    """An fp32 CUDA run (or heads the kernel does not take) self-tests nothing: auto would never send those cases."""
+    from nmt.config import ModelConfig
+    from nmt.kernels.dispatch import model_cases
+
+    tested = []
+    monkeypatch.setattr(dispatch, "self_test", lambda case, device: tested.append(case))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # cases "on CUDA"; the verdicts' tensor on the CPU
+    monkeypatch.setattr(dispatch, "TRITON_INSTALLED", True)
+    base = ModelConfig()
+    AttentionBackend("auto").check(model_cases(base, torch.float32, cuda, training=True), cpu)
+    AttentionBackend("auto").check(model_cases(ModelConfig(d_model=64, heads=4), torch.bfloat16, cuda, True), cpu)
+    AttentionBackend("auto").check(model_cases(base, torch.bfloat16, cpu, training=True), cpu)
+    assert tested == []
+    bf16_cases = model_cases(base, torch.bfloat16, cuda, training=True)
+    AttentionBackend("auto").check(bf16_cases, cpu)
+    assert tested == bf16_cases and len(tested) == 24  # 3 window classes x causal x dropout x decoding tiles
+
+
+@pytest.mark.parametrize("version, usable", [("3.3.1", False), ("3.4.0", True), ("3.9.0", True)])
+def test_triton_before_3_4_is_not_used(version, usable, monkeypatch):
+    """Triton 3.3's dropout mask kernel draws another Philox stream than the main kernels: the floor is 3.4."""
+    monkeypatch.setattr(dispatch.importlib.metadata, "version", lambda name: version)
+    assert dispatch.triton_usable() is usable
+
+
+def test_the_self_test_catches_a_wrong_gradient_with_a_right_output(monkeypatch):
+    """The self-test compares every gradient; its runs must not share gradient tensors (on a CPU in float64 they
+    once did, and any gradient passed)."""
+    from nmt.config import ModelConfig
+    from nmt.kernels.dispatch import model_cases, self_test
+
+    real = kernel.relative_attention
+
+    def wrong_dq(q, *args, **kwargs):
+        out = real(q, *args, **kwargs)
+        return out + (0.5 * q - (0.5 * q).detach())  # the same value, dq off by half
+
+    case = model_cases(ModelConfig(d_model=32, heads=2, clip=3), DTYPE, torch.device(DEVICE), training=False)[0]
+    assert self_test(case, torch.device(DEVICE)) is None
+    monkeypatch.setattr(kernel, "relative_attention", wrong_dq)
+    assert self_test(case, torch.device(DEVICE)).startswith("grad q off by")

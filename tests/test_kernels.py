@@ -206,3 +206,19 @@ def test_whole_model_through_the_kernel(share_heads):
                 torch.testing.assert_close(incremental_logits(model.eval(), src, tgt), logits.detach(), **TOL)
     for got, want in zip(results["triton"], results["torch"]):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def test_flop_counter_counts_the_fused_op_as_sdpa_plus_the_tables():
+    """Relative models' MFU must count attention as absolute models' does (torch's SDPA formulas)."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+    q, k, v, rk, rv = on_device(*inputs(nq=20, nk=20, clip=3))
+    leaves = [t.requires_grad_(True) for t in (q, k, v, rk, rv)]
+    with FlopCounterMode(display=False) as counter:
+        fused(*leaves, 3).sum().backward()
+    counts = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    b, h, n, d = q.shape
+    tables = 2 * (2 * b * h * n * 7 * d)  # a^K and a^V, R = 2k+1 = 7 rows each
+    assert counts["relnmt.relative_attention"] == sdpa_flop_count(q.shape, k.shape, v.shape) + tables
+    assert counts["relnmt.relative_attention_backward"] == sdpa_backward_flop_count(q.shape, q.shape, k.shape,
+                                                                                      v.shape) + tables

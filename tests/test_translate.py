@@ -156,6 +156,10 @@ def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **kw: False)
     assert decoding_dtype(Precision.auto, cuda) is None  # no fp16 without loss scaling's safety net
     assert autocast_dtype(Precision.auto, cuda) == torch.float16  # training has its GradScaler
+    # sm_70/75 (V100, T4): bf16 only emulated, which is_bf16_supported() counts unless told not to
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert autocast_dtype(Precision.auto, cuda) == torch.float16
+    assert decoding_dtype(Precision.auto, cuda) is None
 
 
 def test_a_pathological_line_is_cut_and_every_line_answered(checkpoint, tmp_path):

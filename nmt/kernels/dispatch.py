@@ -15,6 +15,7 @@ triton; the RELNMT_ATTENTION environment variable maps onto auto) and held by th
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import warnings
@@ -32,7 +33,22 @@ from nmt.kernels.window import EdgeWindow
 # spilled kilobytes per thread), and so do heads of 32 or less (their backward kernels spilled 8-40 bytes).
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_HEAD_DIMS = (64, 128)  # register blocks: a head size compiles as the next power of two >= 16
-TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # without importing it (slow)
+
+
+def triton_usable() -> bool:
+    """Triton installed, at version 3.4 or later, found without importing it (slow). On 3.3 the dropout mask
+    kernel's Philox offsets (int32) and the main kernels' (int64) draw different streams, so every dropout case
+    would fail its self-test; tl.gather first shipped in 3.3, so nothing older compiles at all."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    try:
+        major, minor = (int(part) for part in importlib.metadata.version("triton").split(".")[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return True  # a build under another distribution name (pytorch-triton): the self-test judges it
+    return (major, minor) >= (3, 4)
+
+
+TRITON_INSTALLED = triton_usable()
 
 # A case passes when, for the output and every gradient, the kernel's largest error against the PyTorch path in
 # float64 is at most twice the PyTorch path's own error in the case's dtype plus this share of the largest value.
@@ -102,11 +118,15 @@ class AttentionBackend:
     def case(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool, dropout_p: float
              ) -> Case | None:
         """The call's case, or None where auto cannot use the kernel at all."""
-        if (q.device.type not in self.devices or not TRITON_INSTALLED or q.dtype not in self.dtypes
-                or head_block(q.shape[-1]) not in self.head_dims or buckets > MAX_BUCKETS
-                or not fits_grid(q.shape[0], q.shape[1], max(q.shape[2], 1))):
+        if buckets > MAX_BUCKETS or not fits_grid(q.shape[0], q.shape[1], max(q.shape[2], 1)):
             return None
-        return case_of(q, rel_k, rel_v, buckets, key_padding_mask is not None, causal, dropout_p)
+        case = case_of(q, rel_k, rel_v, buckets, key_padding_mask is not None, causal, dropout_p)
+        return case if self.serves(case) else None
+
+    def serves(self, case: Case) -> bool:
+        """Whether auto can send this case to the kernel at all; only such cases are ever self-tested."""
+        return (TRITON_INSTALLED and case.device in self.devices and case.dtype in self.dtypes
+                and head_block(case.head_dim) in self.head_dims and case.buckets_block <= MAX_BUCKETS)
 
     def use_kernel(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool,
                    dropout_p: float) -> bool:
@@ -125,7 +145,7 @@ class AttentionBackend:
     def check(self, cases: list[Case], device: torch.device, group=None) -> dict[Case, bool]:
         """Self-test each case not yet judged on `device`; under torch.distributed every rank must pass the same
         cases in the same order, and all adopt a case only if it passed on every rank."""
-        todo = [case for case in dict.fromkeys(cases) if case not in self.verdicts and case.device in self.devices]
+        todo = [case for case in dict.fromkeys(cases) if case not in self.verdicts and self.serves(case)]
         if self.mode is Attention.auto and todo:
             causes = [self_test(case, device) for case in todo]
             passed = torch.tensor([cause is None for cause in causes], dtype=torch.int32, device=device)
@@ -190,7 +210,9 @@ def self_test(case: Case, device: torch.device) -> str | None:
     def run(fn, dtype):
         # in the case's own dtype, whatever the caller's mode (decoding runs under no_grad and autocast)
         with torch.enable_grad(), torch.autocast(device.type, enabled=False):
-            leaves = [None if t is None else t.to(device, dtype).requires_grad_(True) for t in inputs]
+            # copies: on a CPU in float64, .to() would hand back the inputs themselves, and every run would then
+            # share (and accumulate into) the same gradient tensors
+            leaves = [None if t is None else t.to(device, dtype, copy=True).requires_grad_(True) for t in inputs]
             out = fn(*leaves)
             (out.double() * weight).sum().backward()
         return [out.detach().double()] + [t.grad.double() for t in leaves if t is not None]

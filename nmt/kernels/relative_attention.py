@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.utils.flop_counter import flop_registry, register_flop_formula
 
 from nmt.kernels import relative_attention_triton as triton_code
 from nmt.kernels.tiles import Tiles, buckets_block, choose_tiles, grid, head_block
@@ -265,3 +266,28 @@ def dropout_keep_mask(seed: Tensor, b: int, h: int, nq: int, nk: int, dropout_p:
     triton_code.draw_keep_kernel[(b * h, nq)](seed, keep, nq, nk, dropout_p,
                                               BLOCK_N=max(16, triton.next_power_of_2(nk)))
     return keep.view(b, h, nq, nk).bool()
+
+
+# FLOPs for torch.utils.flop_counter (the benchmarks' MFU), counted as its SDPA formulas count them, so relative
+# and absolute models are measured alike: forward QK^T and PV; backward the scores recomputed, dP, dV, dQ, dK
+# (the kernel recomputes the scores once more in its dQ pass: work, not useful FLOPs). Each table adds one
+# (Nq x R x D) product each way: q against a^K and the bucket masses against a^V forward, their gradients'
+# counterparts backward; the tables' own gradients are einsums outside the op, which the counter sees itself.
+# FlopCounterMode copies the registry when it is made: import this module first.
+def _flops(q_shape, k_shape, rel_k_shape, rel_v_shape, products: int, table_products: int) -> int:
+    b, h, nq, d = q_shape
+    pairs = products * 2 * b * h * nq * k_shape[2] * d
+    tables = sum(table_products * 2 * b * h * nq * shape[-2] * d for shape in (rel_k_shape, rel_v_shape) if shape)
+    return pairs + tables
+
+
+@register_flop_formula(torch.ops.relnmt.relative_attention)
+def _forward_flops(q_shape, k_shape, v_shape, rel_k_shape, rel_v_shape, *args, out_shape=None, **kwargs) -> int:
+    return _flops(q_shape, k_shape, rel_k_shape, rel_v_shape, products=2, table_products=1)
+
+
+@register_flop_formula(torch.ops.relnmt.relative_attention_backward)
+def _backward_flops(grad_out_shape, q_shape, k_shape, v_shape, rel_k_shape, rel_v_shape, *args, out_shape=None,
+                    **kwargs) -> int:
+    return _flops(q_shape, k_shape, rel_k_shape, rel_v_shape, products=5, table_products=1)
+

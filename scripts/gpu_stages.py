@@ -1,0 +1,452 @@
+"""The GPU check's stages (scripts/gpu_check.py runs each in its own process, under its own limit):
+
+    python scripts/gpu_stages.py STAGE --work DIR [--dry-run]
+
+Each stage writes DIR/STAGE.json again after every answer, so a stage killed at its limit keeps what it had; one
+question that raises is recorded with its error and the stage goes on. --dry-run: the same code on the CPU at tiny
+sizes, the kernel through Triton's interpreter (TRITON_INTERPRET=1, set by the driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpu_check import ROOT, write_json  # noqa: E402  (run as a script: scripts/ is on sys.path)
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense, from the vendors' data sheets
+MICRO_MODEL = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
+               "model.ffn_dim=64", "model.clip=3"]  # the dry run's model: head size 16, what the interpreter tests use
+
+
+def one_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
+
+
+class Answers:
+    """A stage's answers, on disk after every one."""
+
+    def __init__(self, path: Path):
+        self.path, self.values = path, {}
+
+    def __setitem__(self, key: str, value) -> None:
+        self.values[key] = value
+        write_json(self.path, self.values)
+        print(f"  {key}: {value}", flush=True)
+
+    def __getitem__(self, key: str):
+        return self.values[key]
+
+    def attempt(self, key: str, question, *args):
+        """The answer of question(*args), or its error: one failing question does not cost the others."""
+        try:
+            value = question(*args)
+        except Exception as err:  # the point is to record what the device could not do
+            value = {"error": one_line(err)}
+            empty_cache()
+        self[key] = value
+        return value
+
+    def not_done(self, why: str) -> None:
+        self["not_done"] = [*self.values.get("not_done", []), why]
+
+
+def empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def device_of(dry: bool):
+    import torch
+
+    if dry:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device visible (a GPU check needs one; --dry-run runs on the CPU)")
+    return torch.device("cuda")
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def python(*args: str, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A child Python (nmt.train, pytest): its output goes to the stage's log as it comes."""
+    return subprocess.run([sys.executable, *args], cwd=ROOT, timeout=timeout, env=env)
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+REQUIRED = ("torch", "numpy", "yaml", "tqdm", "hydra", "omegaconf", "antlr4", "sentencepiece", "sacrebleu",
+            "tensorboard", "triton")
+OPTIONAL = ("sacremoses", "pytest")  # scoring (compound-split BLEU) and the tests stage
+
+
+def inputs(a: Answers, dry: bool, work: Path) -> None:
+    import platform
+
+    modules = {}
+    for name in (*REQUIRED, *OPTIONAL):
+        try:
+            modules[name] = getattr(importlib.import_module(name), "__version__", "present")
+        except Exception as err:
+            modules[name] = f"missing ({one_line(err)})"
+    a["python"] = platform.python_version()
+    a["modules"] = modules
+    missing = [name for name in REQUIRED if modules[name].startswith("missing")]
+    if missing:
+        raise RuntimeError(f"not importable: {', '.join(missing)}: put their wheels in .whl/ "
+                           "(scripts/gpu_wheels.sh on a machine with the package index) and carry it")
+    for name in OPTIONAL:
+        if modules[name].startswith("missing"):
+            a.not_done(f"{name} is missing: the stage that needs it reports it (scripts/gpu_wheels.sh brings it)")
+    import torch
+
+    device = device_of(dry)
+    a["device"] = describe(device)
+    if not dry and shutil.which("nvidia-smi"):
+        a["nvidia_smi"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout.strip()
+    a["torch_cuda"] = torch.version.cuda
+    a["prepared"] = prepared_data()
+    a["headline"] = (f"{a['device']['name']}; torch {modules['torch']}, CUDA {torch.version.cuda}, triton "
+                     f"{modules['triton']}; {'prepared data built' if a['prepared']['built'] else 'prepared data found'}")
+
+
+def describe(device) -> dict:
+    import os
+
+    import torch
+
+    if device.type == "cpu":
+        from nmt.runtime import machine
+
+        return {"name": machine(device), "cores": os.cpu_count()}
+    props = torch.cuda.get_device_properties(device)
+    return {"name": props.name, "capability": f"sm_{props.major}{props.minor}", "memory_gib": round(
+        props.total_memory / 2**30, 1), "multiprocessors": props.multi_processor_count, "cpu_cores": os.cpu_count(),
+        "native_bf16": torch.cuda.is_bf16_supported(including_emulation=False)}
+
+
+def prepared_data() -> dict:
+    """The bundled Multi30k prepared (it travels with the checkout; preparing takes seconds)."""
+    from nmt.data.pipeline import prepare, prepared_dir
+    from nmt.experiment import preset_job
+
+    data = preset_job("data=multi30k_en_de").data
+    folder = prepared_dir(data)
+    built = not (folder / "manifest.json").is_file()
+    start = time.monotonic()
+    prepare(data)  # a no-op when up to date
+    return {"folder": str(folder), "built": built, "seconds": round(time.monotonic() - start, 1)}
+
+
+# ---------------------------------------------------------------------------------------------------- kernel
+def layer_against_torch_path(device, b, h, n, d, dtype, clip=16) -> dict:
+    """Forward + backward forced through the kernel (attention=triton) and on the PyTorch path: the largest
+    difference of the output and each gradient, relative to the PyTorch path's largest value."""
+    import torch
+
+    from nmt.attention import relation_aware_attention
+    from nmt.kernels.dispatch import AttentionBackend
+
+    g = torch.Generator(device=device).manual_seed(0)
+    shapes = [(b, h, n, d)] * 3 + [(h, 2 * clip + 1, d)] * 2
+    base = [torch.randn(*s, generator=g, device=device, dtype=torch.float32) for s in shapes]
+    pad = torch.zeros(b, n, dtype=torch.bool, device=device)
+    pad[0, n // 2:] = True
+    results = {}
+    for mode in ("triton", "torch"):
+        leaves = [t.to(dtype).requires_grad_(True) for t in base]
+        out = relation_aware_attention(*leaves, clip, key_padding_mask=pad, backend=AttentionBackend(mode))
+        out.float().pow(2).sum().backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        results[mode] = [out.detach().float()] + [t.grad.float() for t in leaves]
+    names = ["out", "dq", "dk", "dv", "drk", "drv"]
+    return {name: float((x - y).abs().max() / y.abs().max().clamp_min(1e-30))
+            for name, x, y in zip(names, results["triton"], results["torch"])}
+
+
+def training_step_against_torch_path(device, model_overrides: list[str], amp_dtype, backend_kwargs: dict) -> dict:
+    """One training step through auto (self-checked: the kernel where its self-test passed) and through the
+    PyTorch path, same weights and batch: losses, the worst gradient difference, the verdicts."""
+    import torch
+
+    from nmt.experiment import preset_job
+    from nmt.kernels.dispatch import AttentionBackend, model_cases
+    from nmt.model import Transformer
+    from nmt.runtime import autocast
+
+    cfg = preset_job(*model_overrides, "model.dropout=0.0").model
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 8000, (64, 40), generator=g).to(device)
+    tgt = torch.randint(4, 8000, (64, 41), generator=g).to(device)
+    results, backends = {}, {}
+    for mode in ("auto", "torch"):
+        torch.manual_seed(0)
+        backends[mode] = AttentionBackend(mode, **backend_kwargs)
+        model = Transformer(cfg, 8000, backends[mode]).to(device)
+        start = time.monotonic()
+        backends[mode].check(model_cases(cfg, amp_dtype or torch.float32, device, training=True), device)
+        check_seconds = time.monotonic() - start
+        with autocast(device, amp_dtype):
+            logits = model(src, tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tgt[:, 1:].flatten())
+        loss.backward()
+        results[mode] = (loss.item(), [p.grad.float() for p in model.parameters()], check_seconds)
+    worst = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                for a, b in zip(results["auto"][1], results["torch"][1]))
+    verdicts = {str(case): ok for case, ok in backends["auto"].verdicts.items()}
+    return {"loss_auto": results["auto"][0], "loss_torch": results["torch"][0], "worst_grad_rel_diff": worst,
+            "self_test_seconds": round(results["auto"][2], 1), "cases": len(verdicts),
+            "passed": sum(verdicts.values()), "verdicts": verdicts}
+
+
+def compiled_kernels() -> list[dict]:
+    """Registers, spills and shared memory of every kernel compiled so far, as the driver reports them."""
+    from nmt.kernels import relative_attention_triton as device_code
+
+    rows = []
+    for name in ("forward_kernel", "backward_kv_kernel", "backward_q_kernel"):
+        kernel = getattr(device_code, name)
+        for cache in getattr(kernel, "device_caches", {}).values():
+            for compiled in cache[0].values():
+                try:
+                    compiled._init_handles()
+                    rows.append({"kernel": name, "registers": compiled.n_regs, "spills": compiled.n_spills,
+                                 "shared": compiled.metadata.shared, "num_warps": compiled.metadata.num_warps})
+                except Exception as err:  # e.g. over the shared-memory limit: it failed before, it fails again
+                    rows.append({"kernel": name, "error": one_line(err)})
+    return rows
+
+
+def kernel(a: Answers, dry: bool, work: Path) -> None:
+    import torch
+
+    device = device_of(dry)
+    if dry:  # the interpreter: head 16, fp32, small shapes
+        layers = [(16, torch.float32, (2, 2, 20), 3)]
+        grid = (3, 2, 4, 16)
+        step = (MICRO_MODEL, None, dict(devices=("cpu",), dtypes=(torch.float32,), head_dims=(16,)))
+    else:
+        layers = [(d, dtype, (4, 8, 96), 16) for d in (64, 128, 256) for dtype in (torch.bfloat16, torch.float32)]
+        grid = (8200, 8, 4, 64)  # B * H = 65,600 > 65,535: the grid's axis 0 (limit 2^31 - 1)
+        step = (["model=base"], torch.bfloat16, {})
+    worst = []
+    for d, dtype, (b, h, n), clip in layers:
+        key = f"forced D={d} {str(dtype).removeprefix('torch.')}"
+        result = a.attempt(key, layer_against_torch_path, device, b, h, n, d, dtype, clip)
+        worst.append((key, result.get("error") or max(result.values())))
+    a.attempt(f"grid B*H={grid[0] * grid[1]:,}", layer_against_torch_path, device, *grid, torch.bfloat16
+              if not dry else torch.float32, 3)
+    result = a.attempt("base step auto vs torch" if not dry else "micro step auto vs torch",
+                       training_step_against_torch_path, device, *step)
+    a["compiled_kernels"] = compiled_kernels() if not dry else []
+    if dry:
+        a.not_done("registers and spills as the driver reports them: the interpreter compiles nothing")
+    ran = [f"{key.removeprefix('forced ')} {value if isinstance(value, str) else f'{value:.1e}'}"
+           for key, value in worst]
+    verdicts = (f"self-test {result['passed']}/{result['cases']} passed, worst grad diff "
+                f"{result['worst_grad_rel_diff']:.1e}" if "cases" in result else f"step: {result.get('error')}")
+    a["headline"] = f"forced kernel vs PyTorch path (worst rel. diff): {'; '.join(ran)}. {verdicts}"
+
+
+# ---------------------------------------------------------------------------------------------------- trainer
+TRAIN_LOG = re.compile(r"train update (\d+): .*tokens_per_s ([0-9.e+]+)")
+
+
+def trainer(a: Answers, dry: bool, work: Path) -> None:
+    out = work / "trainer_base"
+    shutil.rmtree(out, ignore_errors=True)
+    if dry:
+        overrides = ["model=tiny", *MICRO_MODEL, "train.device=cpu", "train.precision=fp32", "train.max_tokens=1024",
+                     "train.max_steps=4", "train.log_every=1", "train.compile=false"]
+    else:  # the paper's batch in one micro-batch; compiled (the default on CUDA), bf16, the fused kernel under auto
+        overrides = ["model=base", "train.device=cuda", "train.precision=bf16", "train.max_tokens=25000",
+                     "train.max_steps=150", "train.log_every=25"]
+    overrides += ["data=multi30k_en_de", "train.update_freq=1", "train.save_every_steps=100000", "train.valid_every=0",
+                  "train.valid_bleu_sentences=0", "train.keep_last=1", f"train.output_dir={out}"]
+    a["command"] = "python -m nmt.train " + " ".join(overrides)
+    start = time.monotonic()
+    done = python("-m", "nmt.train", *overrides)
+    a["seconds"] = round(time.monotonic() - start, 1)
+    a["exit_code"] = done.returncode
+    log = (out / "train.log").read_text() if (out / "train.log").is_file() else ""
+    windows = [(int(step), float(rate)) for step, rate in TRAIN_LOG.findall(log)]
+    a["tokens_per_s_by_log_window"] = windows
+    a["kernel_fallbacks"] = [line for line in log.splitlines() if "fused relative attention off" in line]
+    steady = [rate for _, rate in windows[1:]] or [rate for _, rate in windows]  # the first window compiles
+    if not steady:
+        raise RuntimeError(f"no training log lines (exit code {done.returncode})")
+    a["target_tokens_per_s"] = statistics.median(steady)
+    a["headline"] = (f"{a['target_tokens_per_s']:,.0f} target tokens/s (median of the log windows after the first); "
+                     f"{len(a['kernel_fallbacks'])} kernel fallbacks; exit {done.returncode}")
+    if done.returncode != 0:
+        raise RuntimeError(f"nmt.train exited {done.returncode}")
+
+
+# ---------------------------------------------------------------------------------------------------- layer
+def layer(a: Answers, dry: bool, work: Path) -> None:
+    import torch
+
+    bench = load_script("bench_attention")
+    device = device_of(dry)
+    dtype = torch.float32 if dry else torch.bfloat16
+    ratios = []
+    for n in (48, 96, 192):
+        def measure(n=n):
+            times = bench.time_interleaved(bench.layer_steps(n, device, dtype, None), 1 if dry else 30, device)
+            row = {f"{name}_ms": round(t * 1e3, 3) for name, t in times.items()}
+            row["ours_over_sdpa"] = times["ours_relative"] / times["sdpa"]
+            if "ours_torch" in times:
+                row["torch_path_over_sdpa"] = times["ours_torch"] / times["sdpa"]
+                row["ours_over_torch_path"] = times["ours_relative"] / times["ours_torch"]
+            return row
+
+        row = a.attempt(f"n={n}", measure)
+        if "ours_over_sdpa" in row:
+            ratios.append(f"n={n} {row['ours_over_sdpa']:.2f}x SDPA"
+                          + (f" (PyTorch path {row['torch_path_over_sdpa']:.2f}x)" if "torch_path_over_sdpa" in row
+                             else ""))
+    a["headline"] = "layer fwd+bwd, d 512, 8 heads, k 16, 1,536 tokens: " + "; ".join(ratios)
+
+
+# ---------------------------------------------------------------------------------------------------- step
+def step(a: Answers, dry: bool, work: Path) -> None:
+    import gc
+
+    import torch
+
+    bench = load_script("bench_train")
+    device = device_of(dry)
+    peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name()), None) \
+        if not dry else None
+    preset, precision, tokens, steps = ("tiny", "fp32", 512, 2) if dry else ("base", "bf16", 25000, 20)
+    configs = [(position, compiled) for compiled in (False, True) for position in ("relative", "absolute")]
+    if dry:
+        a.not_done("compiled configurations ran eager in the dry run (an inductor compile takes minutes on 2 cores)")
+    rows = {}
+    for position, compiled in configs:
+        key = f"{preset} {position} {'compiled' if compiled else 'eager'}"
+        row = a.attempt(key, bench.measure, preset, position, steps, device.type, precision, tokens,
+                        compiled and not dry)
+        if "step_s" in row and peak:
+            row["mfu"] = row["tflop_s"] / peak
+            row["trainer_mfu"] = row["trainer_tokens_per_s"] * row["tflops_per_target_token"] / peak
+            a[key] = row
+        rows[key] = row
+        torch._dynamo.reset()  # a compiled model's graphs hold its memory
+        gc.collect()
+        empty_cache()
+    parts = []
+    for mode in ("eager", "compiled"):
+        rel, ab = rows.get(f"{preset} relative {mode}", {}), rows.get(f"{preset} absolute {mode}", {})
+        if "step_s" in rel and "step_s" in ab:
+            a[f"relative_over_absolute_{mode}"] = rel["step_s"] / ab["step_s"]
+            parts.append(f"{mode} rel/abs {rel['step_s'] / ab['step_s']:.3f} ({rel['step_s'] * 1e3:.0f} ms"
+                         + (f", MFU {rel['mfu']:.0%}" if "mfu" in rel else "")
+                         + (f", {rel['host_syncs_per_update']:g} host syncs/update"
+                            if rel.get("host_syncs_per_update") is not None else "") + ")")
+    a["headline"] = f"{preset} step at {tokens:,} tokens: " + "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------- decode
+def decode(a: Answers, dry: bool, work: Path) -> None:
+    import torch
+
+    bench = load_script("bench_decode")
+    device = device_of(dry)
+    checkpoints = sorted((work / "trainer_base").glob("checkpoint_[0-9]*.pt"))
+    model, vocab, source = bench.load_model(str(checkpoints[-1]) if checkpoints else None, device,
+                                            "tiny" if dry else "base")
+    a["model"] = source
+    lines = bench.test_sentences(16 if dry else 500)
+    for name, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        a.attempt(name, bench.measure, model, vocab, lines, device, dtype, 1 if dry else 3)
+    parts = []
+    for mode in ("greedy", "beam4"):
+        fp32, bf16 = a.values.get("fp32", {}).get(mode), a.values.get("bf16", {}).get(mode)
+        if fp32 and bf16:
+            parts.append(f"{mode} bf16/fp32 speed {bf16['sentences_per_s'] / fp32['sentences_per_s']:.2f}x "
+                         f"({bf16['sentences_per_s']:.0f} vs {fp32['sentences_per_s']:.0f} sentences/s)")
+    a["headline"] = f"{'; '.join(parts)}; model: {source}"
+
+
+# ---------------------------------------------------------------------------------------------------- tests
+def tests(a: Answers, dry: bool, work: Path) -> None:
+    if importlib.util.find_spec("pytest") is None:
+        raise RuntimeError("pytest is not importable: scripts/gpu_wheels.sh puts its wheels in .whl/")
+    files = ["tests/test_kernels.py", "tests/test_attention.py", "tests/test_kernel_dispatch.py"]
+    select = ["-k", "flop_counter or literal_equations"] if dry else []
+    report = work / "pytest.txt"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", *files, *select],
+                          cwd=ROOT, capture_output=True, text=True)
+    report.write_text(done.stdout + done.stderr)
+    print(done.stdout[-6000:], done.stderr[-2000:], flush=True)
+    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-300:]
+    a["result"] = tail
+    a["failed"] = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    a["headline"] = f"{' '.join(files)}{' (a selection)' if dry else ''}: {tail}"
+    if done.returncode != 0:
+        raise RuntimeError(f"pytest: {tail}")
+
+
+# ---------------------------------------------------------------------------------------------------- resources
+def resources(a: Answers, dry: bool, work: Path) -> None:
+    import os
+
+    from nmt.kernels.resources import nvidia_backend_available
+
+    if not nvidia_backend_available():
+        raise RuntimeError("this triton has no nvidia backend with ptxas")
+    args = ["--arch", "90", "--only", "bfloat16 D=64 R=15 decode", "--jobs", "1"] if dry else \
+        ["--jobs", str(os.cpu_count() or 1)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # ptxas, not the interpreter
+    done = subprocess.run([sys.executable, "-m", "nmt.kernels.resources", *args, "--output",
+                           str(work / "kernel_resources.json")], cwd=ROOT, capture_output=True, text=True, env=env)
+    (work / "kernel_resources.txt").write_text(done.stdout + done.stderr)
+    print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
+    tail = (done.stdout.strip().splitlines() or [done.stderr.strip()[-300:]])[-1]
+    a["result"] = tail
+    a["headline"] = tail
+    if done.returncode != 0:
+        raise RuntimeError(tail)
+
+
+STAGES = {f.__name__: f for f in (inputs, kernel, trainer, layer, step, decode, tests, resources)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=list(STAGES))
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    answers = Answers(args.work / f"{args.stage}.json")
+    try:
+        STAGES[args.stage](answers, args.dry_run, args.work)
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        answers["error"] = one_line(err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

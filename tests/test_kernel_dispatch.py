@@ -221,3 +221,17 @@ def test_the_self_test_catches_a_wrong_gradient_with_a_right_output(monkeypatch)
     assert self_test(case, torch.device(DEVICE)) is None
     monkeypatch.setattr(kernel, "relative_attention", wrong_dq)
     assert self_test(case, torch.device(DEVICE)).startswith("grad q off by")
+
+
+def test_a_passed_case_that_is_slower_than_the_pytorch_path_is_not_adopted(monkeypatch):
+    """On CUDA auto times both paths after the self-test and keeps the faster. Here the interpreter is the slow
+    kernel; the verdict names both times."""
+    from nmt.config import ModelConfig
+    from nmt.kernels.dispatch import model_cases, slower_than_torch
+
+    case = model_cases(ModelConfig(d_model=32, heads=2, clip=3), DTYPE, torch.device(DEVICE), training=False)[0]
+    cause = slower_than_torch(case, torch.device(DEVICE), repeats=1, shape=(2, 2, 20))
+    assert cause.startswith("slower than the PyTorch path") and "ms against" in cause
+    times = iter([0.0, 1.0] * 3 + [0.0, 3.0] * 3)  # kernel 1 s per call, PyTorch path 3 s: the kernel stays
+    monkeypatch.setattr("time.perf_counter", lambda: next(times))
+    assert slower_than_torch(case, torch.device(DEVICE), repeats=1, shape=(2, 2, 20)) is None

@@ -147,7 +147,8 @@ class AttentionBackend:
         cases in the same order, and all adopt a case only if it passed on every rank."""
         todo = [case for case in dict.fromkeys(cases) if case not in self.verdicts and self.serves(case)]
         if self.mode is Attention.auto and todo:
-            causes = [self_test(case, device) for case in todo]
+            causes = [self_test(case, device) or (slower_than_torch(case, device) if device.type == "cuda" else None)
+                      for case in todo]
             passed = torch.tensor([cause is None for cause in causes], dtype=torch.int32, device=device)
             if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
                 torch.distributed.all_reduce(passed, torch.distributed.ReduceOp.MIN, group=group)
@@ -240,3 +241,44 @@ def self_test(case: Case, device: torch.device) -> str | None:
         if not bool(error <= allowed):  # also catches NaN
             return f"{name} off by {float(error):.3g} of its largest value (allowed {float(allowed):.3g})"
     return None
+
+
+def slower_than_torch(case: Case, device: torch.device, repeats: int = 5, shape=(48, 8, 64)) -> str | None:
+    """After a passed self-test: forward + backward of the kernel and of the PyTorch path on a typical shape of the
+    case (a 25k-token batch of 64-token rows, 8 heads; one query per row over a 64-token prefix for the decoding
+    tiles), medians of `repeats` after two warm-ups. None if the kernel is at least as fast, else both times: auto
+    keeps the faster path per case, as cuDNN's benchmark mode does, so it is never slower than attention=torch."""
+    import time
+
+    from nmt.attention import relation_aware_attention
+
+    (b, h, nk), d = shape, case.head_dim
+    nq = 1 if case.decoding else nk
+    clip = (case.buckets_block - 1) // 2
+    g = torch.Generator(device=device).manual_seed(0)
+    shapes = [(b, h, nq, d), (b, h, nk, d), (b, h, nk, d)] + [(2 * clip + 1, d) if case.shared else (h, 2 * clip + 1, d)] * 2
+    q, k, v, rel_k, rel_v = [torch.randn(*s, generator=g, device=device).to(case.dtype).requires_grad_(True)
+                             for s in shapes]
+    pad = torch.zeros(b, nk, dtype=torch.bool, device=device) if case.padding else None
+    tables = (rel_k if case.key_table else None, rel_v if case.value_table else None)
+    seconds = {}
+    for mode in ("triton", "torch"):
+        backend, times = AttentionBackend(mode), []
+        for i in range(repeats + 2):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+                out = relation_aware_attention(q, k, v, *tables, clip, key_padding_mask=pad, causal=case.causal,
+                                               q_offset=nk - nq, dropout_p=0.1 if case.dropout else 0.0,
+                                               backend=backend)
+                out.sum().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        seconds[mode] = sorted(times)[len(times) // 2]
+    if seconds["triton"] <= seconds["torch"]:
+        return None
+    return (f"slower than the PyTorch path ({seconds['triton'] * 1e3:.2f} ms against {seconds['torch'] * 1e3:.2f} ms "
+            f"forward + backward at {b}x{h}x{nq}x{nk})")

@@ -17,7 +17,9 @@ LAUNCH = TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300
 PAIR ?= en-de
 TGT = $(word 2,$(subst -, ,$(PAIR)))
 CKPT ?= outputs/base_wmt14_en_de/averaged.pt
-NEWSTEST = $(dir $(CKPT))newstest2014.$(PAIR)
+# outputs are named after the test set: newstest2014 from sacrebleu, or the local file's name (SRC=, REF=)
+TESTSET ?= $(if $(SRC)$(REF),$(basename $(notdir $(or $(SRC),$(REF)))),newstest2014)
+NEWSTEST = $(dir $(CKPT))$(TESTSET).$(PAIR)
 MODEL ?= base
 DATA ?= wmt14_en_de
 EXTRA ?=
@@ -38,8 +40,9 @@ test: install
 # The embedded default: prepare, train, decode and score the bundled Multi30k on a CPU. The budget is in
 # updates (configs/experiment/demo.yaml; UPDATES=N for another), so every machine trains the same model.
 UPDATES ?=
+LINES ?=
 demo: install
-	$(PY) scripts/demo.py $(if $(UPDATES),--updates $(UPDATES)) --output outputs/demo
+	$(PY) scripts/demo.py $(if $(UPDATES),--updates $(UPDATES)) $(if $(LINES),--lines $(LINES)) --output outputs/demo
 
 prepare-wmt14: install
 	$(PY) -m nmt.prepare data=wmt14_en_de
@@ -105,7 +108,7 @@ table1 table2 table3: install
 length-study: install
 	$(PY) scripts/sweep.py length --jobs $(JOBS)
 
-# README tables, curves and the attention-distance plot from results/ (needs matplotlib: pip install -e '.[plots]')
+# README tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
 plots: install
 	$(PY) scripts/results_table.py --readme README.md
 	$(PY) scripts/plot_curves.py table1 table2 table3 length

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
@@ -250,9 +251,21 @@ class ScoreJob:
     output: Optional[str] = None  # also write the results as JSON here
 
 
+def model_overrides_suffix(overrides) -> str:
+    """".clip-4.rel_value-false" for a run's model.* overrides, "" for none: the default output folder of an
+    ablation (configs/train.yaml) is its own, not the preset's, so it never tries to resume another model's run.
+    Only letters, digits, "_", "-" and ".": the folder can be passed back as an override value unquoted."""
+    picked = sorted(str(o).removeprefix("model.").replace("=", "-") for o in overrides
+                    if str(o).startswith("model."))
+    return "".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked)
+
+
 def register_schemas() -> None:
     """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("model_overrides", model_overrides_suffix, replace=True)
 
     store = ConfigStore.instance()
     store.store(name="prepare_schema", node=PrepareJob)

@@ -84,8 +84,9 @@ def find_same_run(identity: str, results: Path, exclude: Path) -> Path | None:
 
 
 def train_and_score(overrides: list[str], output: Path, split: str = "test",
-                    search: SearchConfig = SearchConfig()) -> dict:
-    """Train from scratch into `output` (a previous run there is removed), average, decode `split`, score.
+                    search: SearchConfig = SearchConfig(), lines: int | None = None) -> dict:
+    """Train from scratch into `output` (a previous run there is removed), average, decode `split` (its first
+    `lines` sentences if given), score.
 
     Writes output/{averaged.pt, <split>.hyp.<tgt>, result.json}; returns the result record.
     """
@@ -100,8 +101,8 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     data_dir = prepared_dir(job.data)
     device = resolve_device(job.train.device)
     model, vocab = load_translator(output / "averaged.pt", device)
-    sources = list(read_lines(data_dir / f"{split}.{job.data.src}"))
-    refs = list(read_lines(data_dir / f"{split}.{job.data.tgt}"))
+    sources = list(read_lines(data_dir / f"{split}.{job.data.src}"))[:lines]
+    refs = list(read_lines(data_dir / f"{split}.{job.data.tgt}"))[:lines]
     log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
     decode_start = time.monotonic()
     hyps = translate_lines(model, vocab, sources, search, device, progress=True)
@@ -112,7 +113,7 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     averaged = load_checkpoint(output / "averaged.pt")
     return {
         **score(hyps, refs, job.data.tgt),
-        "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "beam": search.beam, "alpha": search.alpha,
+        "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
         "ref": str(data_dir / f"{split}.{job.data.tgt}"), "hyp": hyp_path.name,
         "overrides": overrides, "seed": job.train.seed,
         "updates": averaged["step"], "averaged_from": averaged["averaged_from"],

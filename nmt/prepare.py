@@ -3,9 +3,9 @@
 import logging
 import sys
 
-import hydra
 from omegaconf import OmegaConf
 
+from nmt.cli import hydra_job
 from nmt.config import ConfigError, DataConfig, register_schemas
 from nmt.data.pipeline import prepare
 from nmt.data.readers import DataError
@@ -14,7 +14,7 @@ log = logging.getLogger("nmt.prepare")
 register_schemas()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="prepare")
+@hydra_job("prepare")
 def main(cfg) -> None:
     data: DataConfig = OmegaConf.to_object(cfg.data)
     try:

@@ -13,10 +13,10 @@ import re
 import sys
 from pathlib import Path
 
-import hydra
 from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
+from nmt.cli import hydra_job
 from nmt.config import ScoreJob, register_schemas
 from nmt.data.readers import DataError, read_lines
 
@@ -65,7 +65,7 @@ def score_files(hyp: str | Path, ref: str | Path, lang: str) -> dict:
 register_schemas()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="score")
+@hydra_job("score")
 def main(cfg) -> None:
     job: ScoreJob = OmegaConf.to_object(cfg)
     suffix = Path(job.ref).suffix.lstrip(".")

@@ -15,12 +15,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import hydra
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import Checkpointer, CheckpointError, numbered_checkpoints, rank_rng, write_average
+from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
 from nmt.data.pipeline import open_prepared, prepare
@@ -30,8 +30,18 @@ from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
 from nmt.model import Transformer, count_parameters
 from nmt.optim import make_optimizer, set_learning_rate, step_optimizer
-from nmt.runtime import (Env, autocast, autocast_dtype, parallelize, rank0_first, rng_state, set_rng_state,
-                         setup_env, setup_logging, stop_signals)
+from nmt.runtime import (
+    Env,
+    autocast,
+    autocast_dtype,
+    parallelize,
+    rank0_first,
+    rng_state,
+    set_rng_state,
+    setup_env,
+    setup_logging,
+    stop_signals,
+)
 from nmt.validate import Validator
 
 log = logging.getLogger("nmt.train")
@@ -85,7 +95,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
-            "config": OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True),
+            "config": self.state_dict_config(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -94,6 +104,26 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
+
+    def check_same_model(self, state: dict) -> None:
+        """Resuming continues the run in the folder: refused, naming the fields, when this job's model or vocabulary
+        is another one (its weights would not load)."""
+        ours = self.state_dict_config()["model"]
+        theirs = state.get("config", {}).get("model", {})
+        def shown(value):
+            return str(value).lower() if isinstance(value, bool) else value
+
+        fields = [f"model.{name}={shown(ours.get(name))} (the folder's run: {shown(theirs.get(name))})"
+                  for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
+        saved_vocab = state["model"]["embed.weight"].shape[0]
+        if saved_vocab != self.data.vocab_size:
+            fields.append(f"a vocabulary of {self.data.vocab_size} (the folder's run: {saved_vocab})")
+        if fields:
+            raise ConfigError(f"{self.out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir "
+                              f"to another folder, or remove {self.out} to start this one afresh")
+
+    def state_dict_config(self) -> dict:
+        return OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True)
 
     def check_attention(self) -> None:
         """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
@@ -172,7 +202,10 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
+            self.check_same_model(state)
             self.load_state_dict(state)
+        if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
+            (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         self.check_attention()
         self.metrics = Metrics(self.out, env.main, cfg.max_steps, self.step)
         log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
@@ -244,8 +277,6 @@ def run(job: TrainJob) -> Path:
     try:
         rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date
         trainer = Trainer(job, env)
-        if env.main:
-            (out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(job)))
         stop = trainer.train()
     finally:
         if env.world_size > 1:
@@ -260,7 +291,7 @@ def run(job: TrainJob) -> Path:
 register_schemas()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@hydra_job("train")
 def main(cfg) -> None:
     job: TrainJob = OmegaConf.to_object(cfg)
     try:

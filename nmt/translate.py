@@ -17,10 +17,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional
 
-import hydra
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import CheckpointError
+from nmt.cli import hydra_job
 from nmt.config import ConfigError, DecodeJob, register_schemas
 from nmt.data.readers import DataError
 from nmt.decode import load_translator, translate_lines
@@ -57,7 +57,7 @@ def open_source(path: Optional[str]):
 register_schemas()
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="decode")
+@hydra_job("decode")
 def main(cfg) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
     job: DecodeJob = OmegaConf.to_object(cfg)

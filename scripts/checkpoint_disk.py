@@ -5,7 +5,7 @@ reads), the whole training state (checkpoint_last.pt / checkpoint_prev.pt: weigh
 the folder at its fullest under the recipe's keep_last: keep_last numbered + last + prev + the next last while
 it is written.
 
-    python scripts/checkpoint_disk.py [--output results/checkpoint_disk.json]
+    python scripts/checkpoint_disk.py [--presets base big] [--vocab-size 32000] [--output results/checkpoint_disk.json]
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ def measure(preset: str, vocab_size: int, folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab-size", type=int, default=32_000)
+    parser.add_argument("--presets", nargs="+", choices=list(RECIPES), default=list(RECIPES))
     parser.add_argument("--output", default="results/checkpoint_disk.json")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
-        for preset in RECIPES:
+        for preset in args.presets:
             rows.append(measure(preset, args.vocab_size, Path(tmp)))
             r = rows[-1]
             print(f"{r['recipe']}: numbered {r['numbered'] / 1e9:.2f} GB, whole state {r['whole_state'] / 1e9:.2f} GB, "

@@ -1,10 +1,12 @@
 """The embedded default, end to end on a CPU: prepare -> train -> average -> decode -> score.
 
-    python scripts/demo.py [--updates N] [--split test|valid] [--output outputs/demo] [overrides ...]
+    python scripts/demo.py [--updates N] [--lines N] [--split test|valid] [--output outputs/demo] [overrides ...]
 
 Bundled Multi30k En-De, the `tiny` relative-position model (configs/experiment/demo.yaml), beam 4 and
 alpha 0.6 on test_2016_flickr. The budget is a number of updates, so every machine trains the same model
-(same seed, same data order); only the time differs. `--split valid` scores the validation set instead:
+(same seed, same data order); only the time differs. `--updates N` keeps the recipe's shape: warmup over the
+first half, then the linear decay to 0 at update N. `--lines N` decodes and scores only the first N sentences (a
+quick check of the whole chain; its BLEU is not the demo's). `--split valid` scores the validation set instead:
 settings are tuned there, never on test. Extra arguments are Hydra overrides for the training job.
 Writes OUTPUT/{averaged.pt, <split>.hyp.de, score.json}; a previous run in OUTPUT is removed first.
 """
@@ -25,16 +27,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, help="training budget in optimizer updates (default: "
                         "configs/experiment/demo.yaml's train.max_steps)")
+    parser.add_argument("--lines", type=int, help="decode and score only the first N sentences of the split")
     parser.add_argument("--split", choices=["test", "valid"], default="test", help="which set to decode and score")
     parser.add_argument("--output", type=Path, default=Path("outputs/demo"))
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for the training job")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()
-    budget = [f"train.max_steps={args.updates}"] if args.updates else []
+    # the recipe's shape at any budget: warmup over the first half, the linear decay to 0 over the second
+    budget = [f"train.max_steps={args.updates}", f"optim.warmup={max(1, args.updates // 2)}"] if args.updates else []
     overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", *budget,
                  f"train.precision={experiment_cpu_precision().value}", *args.overrides]
-    result = train_and_score(overrides, args.output, args.split)
+    result = train_and_score(overrides, args.output, args.split, lines=args.lines)
     result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"

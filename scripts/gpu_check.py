@@ -107,7 +107,7 @@ def targets(results: dict) -> list[str]:
     lines = []
     layers = [answer("layer", f"n={n}", {}) for n in (48, 96, 192)]
     ratios = [row["ours_over_sdpa"] for row in layers if "ours_over_sdpa" in row]
-    lines.append(f"layer <= 1.25x SDPA (goal 1.15): " + (
+    lines.append("layer <= 1.25x SDPA (goal 1.15): " + (
         f"{', '.join(f'{r:.2f}' for r in ratios)}: {verdict(max(ratios) <= 1.25)}" if ratios else "no answer"))
     for mode in ("eager", "compiled"):
         ratio = answer("step", f"relative_over_absolute_{mode}")

@@ -15,6 +15,7 @@ from nmt.data.vocab import Vocab
 from nmt.model import BOS, EOS, PAD
 from tests.conftest import ROOT, local_config, multi30k_lines
 
+
 def test_drop_reason():
     assert drop_reason(0, 5, 250, 1.5) == "empty"
     assert drop_reason(5, 0, 250, 1.5) == "empty"

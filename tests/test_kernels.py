@@ -13,8 +13,8 @@ ON_GPU = torch.cuda.is_available()
 
 from nmt.attention import relation_aware_attention  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
-from nmt.kernels.window import EdgeWindow  # noqa: E402
 from nmt.kernels.dispatch import AttentionBackend  # noqa: E402
+from nmt.kernels.window import EdgeWindow  # noqa: E402
 from tests.test_attention import literal_attention, make_inputs  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"

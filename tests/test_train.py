@@ -10,8 +10,16 @@ import torch
 
 from nmt import train as train_module
 from nmt.average import main as average_main
-from nmt.checkpoint import (LAST, PREVIOUS, CheckpointError, average_checkpoints, latest_usable, load_checkpoint,
-                            numbered_checkpoints, save_checkpoint)
+from nmt.checkpoint import (
+    LAST,
+    PREVIOUS,
+    CheckpointError,
+    average_checkpoints,
+    latest_usable,
+    load_checkpoint,
+    numbered_checkpoints,
+    save_checkpoint,
+)
 from nmt.config import OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
@@ -20,7 +28,6 @@ from nmt.loss import smoothed_loss
 from nmt.optim import inverse_sqrt_lr, linear_decay_lr, peak_lr
 from nmt.train import run
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
-
 
 
 def job(data, out: Path, **train) -> TrainJob:

@@ -45,8 +45,8 @@ def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
 
 
 def test_only_absolute_positions_limit_the_input():
-    from nmt.model import Transformer
     from nmt.decode import encode_lines, input_limit
+    from nmt.model import Transformer
 
     class Spaces:  # one id per word is enough for the limit
         def encode(self, lines):
@@ -138,6 +138,20 @@ def test_out_of_range_values_are_one_line_errors(module, args, field, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert f"{field} is invalid" in result.stderr
+
+
+@pytest.mark.parametrize("module,args,named", [
+    ("nmt.train", ["train.max_step=3"], "Key 'max_step' not in 'TrainConfig'"),
+    ("nmt.train", ["model=huge"], "model/huge"),
+    ("nmt.translate", ["checkpoint=x.pt", "beem=4"], "Key 'beem' not in 'DecodeJob'"),
+    ("nmt.translate", ["checkpoint=x.pt", "beam=four"], "Value 'four'"),
+    ("nmt.score", ["hyp=a", "ref=b", "lang=de", "reff=c"], "Key 'reff'"),
+    ("nmt.prepare", ["data.vocab=10"], "Key 'vocab' not in 'DataConfig'"),
+])
+def test_a_mistyped_override_is_one_line_exit_2(module, args, named):
+    result = cli(module, *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and named in result.stderr, result.stderr
 
 
 def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch):

@@ -192,7 +192,8 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         log.info("%s is up to date (manifest matches inputs and settings)", target)
         return target
     if existing is not None:
-        log.info("%s is stale (inputs or settings changed): rebuilding", target)
+        log.info("%s: rebuilding (%s)", target, "force=true" if force and existing.get("key") == key
+                 else "stale: its inputs or settings changed")
 
     target.parent.mkdir(parents=True, exist_ok=True)
     work = target.parent / f".{target.name}.tmp-{os.getpid()}"

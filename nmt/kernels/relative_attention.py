@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.utils.flop_counter import flop_registry, register_flop_formula
+from torch.utils.flop_counter import register_flop_formula
 
 from nmt.kernels import relative_attention_triton as triton_code
 from nmt.kernels.tiles import Tiles, buckets_block, choose_tiles, grid, head_block

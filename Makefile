@@ -24,7 +24,7 @@ MODEL ?= base
 DATA ?= wmt14_en_de
 EXTRA ?=
 
-.PHONY: table1 table2 table3 length-study plots install test demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
+.PHONY: table1 table2 table3 length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
         ablate-k ablate-kv bench check-nproc check-kernels
 
 install: .venv/installed
@@ -34,7 +34,11 @@ install: .venv/installed
 	.venv/bin/pip install -q -e '.[test]'
 	touch $@
 
+# make test: the suite without the slow tests (under 10 minutes on 2 cores); make test-all: everything, as CI runs it
 test: install
+	$(PY) -m pytest -m "not slow"
+
+test-all: install
 	$(PY) -m pytest
 
 # The embedded default: prepare, train, decode and score the bundled Multi30k on a CPU. The budget is in

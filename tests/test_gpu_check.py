@@ -8,6 +8,8 @@ import sys
 import tarfile
 import time
 
+import pytest
+
 from tests.conftest import ROOT, load_script
 
 gpu_check = load_script("gpu_check")
@@ -18,6 +20,7 @@ def test_the_stage_limits_fit_eight_minutes():
     assert [stage.name for stage in gpu_check.STAGES][:3] == ["inputs", "kernel", "trainer"]  # by value
 
 
+@pytest.mark.slow
 def test_dry_run_runs_every_stage_and_brings_back_at_most_eight_files(tmp_path):
     out = tmp_path / "gpu"
     done = subprocess.run(["scripts/gpu_check.sh", "--dry-run", str(out)], cwd=ROOT, capture_output=True, text=True,

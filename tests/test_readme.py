@@ -1,0 +1,143 @@
+"""Every command the README shows, run as written on a copy of the checkout, in the README's order (a later command
+may need an earlier one's files). Commands are the lines of its ```sh blocks and the inline code spans that start
+with a command and have arguments, read from the README itself: a command written tomorrow is run tomorrow.
+
+Where a command trains, decodes or benchmarks, the rules below append the flags or overrides the command documents
+to make it small (the last value of an option wins); commands that need a GPU, the hub, a cluster or hours are
+skipped, each for its reason. Any other command runs exactly as written. A command fails the test on a non-zero
+exit or on a traceback in its output, whatever its exit code.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow
+
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|make|\.venv/bin/|sacrebleu|scripts/|echo |tensorboard|pip |\. )")
+SMALL_TRAIN = "train.max_steps=2 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"
+GPU = "needs GPUs (the paper's WMT14 recipes)"
+HUB = "downloads WMT14 from the Hugging Face hub"
+HOURS = "hours on a CPU (its code runs at small size in tests/test_experiments.py)"
+
+# (pattern, what to do): "skip: why", "mention: why" (a name in prose, not a command to run), or text to append.
+RULES = [
+    (r"^make (test|test-all)$", "skip: the test suite this test belongs to"),
+    (r"^make install$", "skip: the environment this test runs in (CI ran it first)"),
+    (r"^\. \.venv/bin/activate$", "skip: changes the calling shell only (every command here runs in the venv)"),
+    (r"^make demo", " UPDATES=4 LINES=10"),
+    (r"^make prepare-wmt14", f"skip: {HUB}"),
+    (r"^make (train-base|train-big|ablate-k|ablate-kv)", f"skip: {GPU}"),
+    (r"^make (decode|score) (CKPT|SRC|REF)=", f"skip: {GPU} and sacrebleu's newstest2014 download"),
+    (r"^make train-\*$", "mention: the make train-* targets"),
+    (r"^python -m torch.distributed.run --nnodes=2", "skip: several GPU nodes"),
+    (r"^python -m nmt.train model=base data=wmt14_en_de", f"skip: {HUB}; {GPU}"),
+    (r"^python -m nmt.train$", "mention: the module's name"),
+    (r"^python -m nmt\.\*$", "mention: the modules' names"),
+    (r"^python -m nmt.train (-m )?model\.", f" {SMALL_TRAIN}"),
+    (r"^python -m nmt.train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",
+     " train.max_steps=6 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"),
+    (r"^python -m nmt.prepare \.\.\. force=true$", "replace: python -m nmt.prepare data=multi30k_en_de force=true"),
+    (r"^python -m nmt.kernels.resources$", ' --arch 90 --only "bfloat16 D=64 R=15 decode" --jobs 2'),
+    (r"^python -m pytest ", "skip: part of the suite this test belongs to"),
+    (r"^TRITON_INTERPRET=1 python scripts/bench_attention.py --memory-only",
+     "skip: about 5 minutes in Triton's interpreter (tests/test_kernels.py checks the kernel it measures)"),
+    (r"^python scripts/bench_attention.py", " --repeats 1 --model-repeats 1"),
+    (r"^python scripts/bench_train.py", " --steps 1 --rounds 1 --presets tiny --max-tokens 1024"),
+    (r"^python scripts/bench_decode.py", " --sentences 20 --repeats 1"),
+    (r"^python scripts/bench_data.py$", " --pairs 20000"),
+    (r"^python scripts/checkpoint_disk.py$", " --presets base --vocab-size 1000"),
+    (r"^python scripts/sweep.py ", " --dry-run"),
+    (r"^make (table1|table2|table3|length-study)", f"skip: {HOURS}"),
+    (r"^python scripts/plot_attention_distance.py outputs/sweep/", "skip: needs make table2's checkpoints (hours)"),
+    (r"^tensorboard --logdir", "skip: a server that runs until stopped"),
+    (r"^scripts/slurm_train.sh$", "skip: submits to SLURM"),
+    (r"^scripts/gpu_check.sh( \[OUT\])?$", "skip: needs a GPU (tests/test_gpu_check.py runs its --dry-run)"),
+    (r"^scripts/gpu_check.sh --dry-run", "skip: tests/test_gpu_check.py runs it"),
+    (r"^pip install", "skip: installs into the environment (an optional extra or reference)"),
+]
+
+
+def readme_commands(text: str) -> list[str]:
+    """The README's commands in order, each once: ```sh block lines (comments cut) and inline command spans."""
+    commands, in_sh, fence = [], False, re.compile(r"^\s*```(\w*)")
+    for line in text.splitlines():
+        opened = fence.match(line)
+        if opened:
+            in_sh = not in_sh and opened.group(1) == "sh"
+            continue
+        if in_sh:
+            command = " ".join(re.sub(r"\s+#.*$", "", line).split())
+            if COMMAND.match(command):
+                commands.append(command)
+            continue
+        commands += [span for span in re.findall(r"`([^`]+)`", line) if COMMAND.match(span) and " " in span]
+    return list(dict.fromkeys(commands))
+
+
+def plan(command: str) -> tuple[str, str]:
+    """("run", the command as it runs) or ("skip" | "mention", why)."""
+    for pattern, action in RULES:
+        if re.search(pattern, command):
+            if action.startswith(("skip: ", "mention: ")):
+                kind, why = action.split(": ", 1)
+                return kind, why
+            if action.startswith("replace: "):
+                return "run", action.removeprefix("replace: ")
+            return "run", command + action
+    return "run", command
+
+
+def test_every_readme_command_has_a_plan_and_the_known_ones_are_found():
+    commands = readme_commands((ROOT / "README.md").read_text())
+    for wanted in ("make demo", "python -m nmt.train -m model.clip=0,1,2,4,16,64,256",
+                   "python -m nmt.train model.rel_value=false", "python scripts/param_count.py",
+                   "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de", "make demo UPDATES=400"):
+        assert wanted in commands
+    assert plan("make demo UPDATES=400") == ("run", "make demo UPDATES=400 UPDATES=4 LINES=10")
+    assert plan("make train-base")[0] == "skip" and plan("python scripts/param_count.py")[0] == "run"
+
+
+def checkout_copy(tmp_path: Path) -> Path:
+    """The tracked and untracked-but-not-ignored files, mtimes kept (make must find .venv up to date)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    copy = tmp_path / "checkout"
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
+    venv = (ROOT / ".venv").resolve() if (ROOT / ".venv").exists() else Path(sys.prefix)
+    (copy / ".venv").symlink_to(venv)
+    stamp = venv / "installed"
+    if stamp.exists():  # the environment is this one, installed: make must not rebuild it for a newer pyproject
+        os.utime(copy / "pyproject.toml", (stamp.stat().st_mtime - 1,) * 2)
+    return copy
+
+
+def test_every_readme_command_runs(tmp_path):
+    copy = checkout_copy(tmp_path)
+    venv_bin = copy / ".venv" / "bin"
+    env = {**os.environ, "PYTHONPATH": str(copy), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    env.pop("TRITON_INTERPRET", None)  # as a user's shell has it
+    ran, skipped = [], []
+    for command in readme_commands((copy / "README.md").read_text()):
+        kind, what = plan(command)
+        if kind != "run":
+            skipped.append((command, what))
+            continue
+        done = subprocess.run(["bash", "-c", what], cwd=copy, env=env, capture_output=True, text=True, timeout=900)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0 and "Traceback (most recent call last)" not in output, \
+            f"README command failed: {command}\nran: {what}\nexit {done.returncode}\n{output[-4000:]}"
+        ran.append(command)
+    assert len(ran) >= 20, ran
+    print(f"ran {len(ran)} README commands; skipped {len(skipped)}:", *(f"  {c}: {w}" for c, w in skipped), sep="\n")

@@ -10,10 +10,8 @@ UPDATE_FREQ = $(shell echo $$(( ($(PAPER_BATCH) + $(NPROC) * $(MAX_TOKENS) / 2) 
 # A worker that dies (a node's GPU fault, an OOM kill) brings the group back from the last checkpoint, up to
 # MAX_RESTARTS times; SIGTERM to torchrun (SLURM's time limit, preemption) stops every worker after its update.
 MAX_RESTARTS ?= 3
-# TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: restarted workers hung in gloo's connectFullMesh otherwise, reading the
-# dead attempt's addresses from the store torchrun's rendezvous shares with them (pytorch/pytorch#135712).
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT: on SIGTERM torchrun gives its workers this long to finish the update and save.
-LAUNCH = TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 $(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) --max-restarts=$(MAX_RESTARTS) -m nmt.train
+LAUNCH = TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 $(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) --max-restarts=$(MAX_RESTARTS) -m nmt.train
 PAIR ?= en-de
 TGT = $(word 2,$(subst -, ,$(PAIR)))
 CKPT ?= outputs/base_wmt14_en_de/averaged.pt
@@ -72,7 +70,7 @@ train-big: install check-nproc
 train-smoke: install
 	rm -rf outputs/smoke
 	$(PY) -m nmt.prepare data=multi30k_en_de
-	OMP_NUM_THREADS=1 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=2 --max-restarts=$(MAX_RESTARTS) \
+	OMP_NUM_THREADS=1 $(PY) -m torch.distributed.run --standalone --nproc_per_node=2 --max-restarts=$(MAX_RESTARTS) \
 	  -m nmt.train \
 	  model=tiny data=multi30k_en_de train.output_dir=outputs/smoke train.max_steps=30 train.max_tokens=1024 \
 	  train.save_every_steps=10 train.average_last=2 train.log_every=10 train.valid_every=0 train.device=cpu

@@ -100,7 +100,14 @@ def rank_rng(state: dict, rank: int, world_size: int) -> dict:
 
 def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) -> bool:
     """save_numbered for a training run (rank 0). A failed write (a full disk) leaves every earlier checkpoint
-    as it was and says so in one error line; returns whether the save was written."""
+    as it was and says so in one error line; returns whether the save was written. Non-finite weights are never
+    written (the trainer skips non-finite updates, so this is the last guard, e.g. against an optimizer that
+    overflowed): the earlier checkpoints stay the resumable ones."""
+    broken = [name for name, t in state["model"].items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if broken:
+        log.error("update %d not saved in %s: %d parameters are not finite (%s); the earlier checkpoints are intact "
+                  "(resumable from update %d)", state["step"], out, len(broken), broken[0], max(resumable, 0))
+        return False
     try:
         log.info("saved %s", save_numbered(state, out, state["step"], keep_last))
         return True
@@ -109,6 +116,50 @@ def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) 
         log.error("could not save update %d in %s (%s); the earlier checkpoints are intact (resumable from update "
                   "%d); the next save tries again", state["step"], out, reason, max(resumable, 0))
         return False
+
+
+def lock_folder(out: Path):
+    """The open lock file of `out`, held (flock) by this job: one training job writes a folder at a time. The
+    kernel drops the lock when the process ends, however it ends, so a killed job leaves none behind. Raises
+    CheckpointError naming the job that holds it."""
+    import datetime
+    import fcntl
+    import socket
+    import sys
+
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that has not said who it is yet"
+        handle.close()
+        raise CheckpointError(f"{out} is being written by another training job ({holder}): wait for it to end, "
+                              "or give this one another train.output_dir") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {datetime.datetime.now():%Y-%m-%d %H:%M:%S}: "
+                 f"{' '.join(sys.argv)}\n")
+    handle.flush()
+    return handle
+
+
+def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> None:
+    """Resuming continues the run in the folder: refused (CheckpointError naming the fields) when this job's model
+    (plain fields) or vocabulary is another one than the folder's run; its weights would not load."""
+    def shown(value):
+        return str(value).lower() if isinstance(value, bool) else value
+
+    theirs = state.get("config", {}).get("model", {})
+    fields = [f"model.{name}={shown(model.get(name))} (the folder's run: {shown(theirs.get(name))})"
+              for name in sorted(set(model) | set(theirs)) if model.get(name) != theirs.get(name)]
+    saved_vocab = state["model"]["embed.weight"].shape[0]
+    if saved_vocab != vocab_size:
+        fields.append(f"a vocabulary of {vocab_size} (the folder's run: {saved_vocab})")
+    if fields:
+        raise CheckpointError(f"{out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir to "
+                              f"another folder, or remove {out} to start this one afresh")
 
 
 def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:

@@ -172,7 +172,7 @@ class TrainConfig:
     log_every: int = 100
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
-    max_bad_updates: int = 10  # consecutive non-finite losses before the run stops
+    max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
@@ -232,6 +232,7 @@ class DecodeJob(SearchConfig):
     checkpoint: str = MISSING
     input: Optional[str] = None  # default: stdin
     output: Optional[str] = None  # default: stdout
+    buffer_lines: int = 5000  # input lines read, translated (length-sorted) and written at a time: bounds memory
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Precision = Precision.auto  # auto: bf16 autocast on a GPU that has it, else fp32
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
@@ -239,6 +240,7 @@ class DecodeJob(SearchConfig):
     def check(self) -> "DecodeJob":
         super().check()
         require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
+        require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self
 

@@ -3,8 +3,10 @@ lines, batch by length, search (nmt.search), and give one output per input in in
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +46,9 @@ def input_limit(model: Transformer, max_extra: int, max_input_tokens: int | None
     return min(limits) if limits else None
 
 
-def encode_lines(vocab: Vocab, lines: list[str], limit: int | None) -> list[list[int]]:
+def encode_lines(vocab: Vocab, lines: list[str], limit: int | None, first_line: int = 1) -> list[list[int]]:
     ids = vocab.encode([line.strip() for line in lines])
-    for number, row in enumerate(ids, 1):
+    for number, row in enumerate(ids, first_line):
         if limit is not None and len(row) > limit:
             log.warning("input line %d has %d tokens: truncated to %d (max_input_tokens, or the model's position "
                         "table)", number, len(row), limit)
@@ -81,6 +83,20 @@ def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig
 
 
 def translate_lines(model: Transformer, vocab: Vocab, lines: list[str], search: SearchConfig = SearchConfig(),
-                    device: torch.device = torch.device("cpu"), progress: bool = False) -> list[str]:
-    ids = encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens))
+                    device: torch.device = torch.device("cpu"), progress: bool = False,
+                    first_line: int = 1) -> list[str]:
+    """Translations of `lines`, in their order (sorted by length inside, for batching); first_line: the input line
+    number of lines[0], for the warnings."""
+    ids = encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens), first_line)
     return [vocab.decode(row) for row in translate_ids(model, ids, search, device, progress)]
+
+
+def translate_stream(model: Transformer, vocab: Vocab, lines: Iterable[str], search: SearchConfig,
+                     device: torch.device, chunk_lines: int) -> Iterator[list[str]]:
+    """The translations of `lines` chunk by chunk (chunk_lines input lines each, length-sorted within the chunk),
+    each chunk in input order, as soon as it is done: memory holds one chunk whatever the input's size, and a
+    caller that writes each chunk loses at most the chunk in progress if it is killed."""
+    source, first = iter(lines), 1
+    while chunk := list(itertools.islice(source, chunk_lines)):
+        yield translate_lines(model, vocab, chunk, search, device, first_line=first)
+        first += len(chunk)

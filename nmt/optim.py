@@ -53,13 +53,25 @@ def make_optimizer(parameters, optim: OptimConfig) -> torch.optim.Adam:
     return torch.optim.Adam(parameters, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps)
 
 
-def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, finite_loss: bool,
-                   grad_norm: float) -> bool:
-    """Apply the accumulated (unscaled) gradients unless the loss was non-finite or, with fp16, a gradient
-    overflowed (the scaler then lowers its scale); the gradients are cleared either way. Returns whether the
-    parameters moved."""
-    if finite_loss:
-        scaler.step(optimizer)  # with fp16, skipped when a gradient overflowed
-    scaler.update()
+def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, step: bool) -> None:
+    """Apply the accumulated (unscaled) gradients if `step` (the trainer's skip rule: finite loss and gradients),
+    then clear them. The optimizer steps itself: GradScaler.step would read its overflow flag on the host (a sync)
+    for what the trainer already read; with fp16 the scaler still updates its scale from that flag."""
+    if step:
+        optimizer.step()
+    scaler.update()  # fp16: lowered after an overflow, raised after enough clean steps; a no-op otherwise
     optimizer.zero_grad(set_to_none=True)
-    return finite_loss and not (scaler.is_enabled() and not math.isfinite(grad_norm))
+
+
+FP16_OVERFLOW = "fp16 gradient overflow"
+
+
+def skip_cause(loss_sum: float, grad_norm: float, loss_scaling: bool) -> str | None:
+    """Why an update must be skipped (None: it steps). The same rule in every precision, as fairseq's: a non-finite
+    loss, or a non-finite gradient norm (an inf or NaN anywhere in the gradients); with fp16's loss scaling the
+    latter is the scaler's overflow, which it answers by lowering its scale."""
+    if not math.isfinite(loss_sum):
+        return "non-finite loss"
+    if not math.isfinite(grad_norm):
+        return FP16_OVERFLOW if loss_scaling else "non-finite gradient (the loss was finite)"
+    return None

@@ -61,16 +61,25 @@ def setup_env(device_name: str, threads: int = 0) -> Env:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local))
     if world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=attempt_store(),
+                                rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None)
     return Env(rank, world_size, device)
 
 
-def setup_logging(out: Path, main: bool) -> None:
-    """Rank 0 logs to stderr and out/train.log at INFO, the other ranks warnings only; Python warnings included
-    (e.g. the fused kernel's fallback warnings)."""
+def attempt_store() -> dist.Store:
+    """The launcher's store (env://: MASTER_ADDR, MASTER_PORT), its keys kept apart for each restart attempt.
+    torchrun shares its rendezvous store with the workers, so after a restart (--max-restarts) the new group
+    would otherwise read the dead attempt's addresses from it: gloo then hung in connectFullMesh
+    (pytorch/pytorch#135712). With the attempt in the prefix no launcher needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE."""
+    store, _, _ = next(dist.rendezvous("env://"))
+    return dist.PrefixStore(f"relnmt/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def setup_logging(out: Path | None, main: bool) -> None:
+    """Rank 0 logs to stderr and out/train.log (none without `out`) at INFO, the other ranks warnings only;
+    Python warnings included (e.g. the fused kernel's fallback warnings)."""
     handlers = [logging.StreamHandler(sys.stderr)]
-    if main:
+    if main and out is not None:
         out.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(out / "train.log"))
     logging.basicConfig(level=logging.INFO if main else logging.WARNING, handlers=handlers, force=True,
@@ -96,6 +105,17 @@ def rank0_first(env: Env, work) -> None:
         work()
     if patient is not None:
         dist.barrier(group=patient)
+
+
+def sum_over_ranks(env: Env, values: dict) -> dict[str, torch.Tensor]:
+    """Each named value (a device scalar, a number or a flag) summed over the ranks in one all-reduce, by name (as
+    fairseq's all_reduce_dict), still on the device: nothing here makes the host wait."""
+    packed = torch.zeros(len(values), device=env.device)
+    for i, value in enumerate(values.values()):
+        packed[i] = value  # a number is written by a kernel launch, not copied from the host
+    if env.world_size > 1:
+        dist.all_reduce(packed)
+    return dict(zip(values, packed.unbind()))
 
 
 def all_gather(env: Env, value) -> list:

@@ -19,7 +19,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import Checkpointer, CheckpointError, numbered_checkpoints, rank_rng, write_average
+from nmt.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    check_same_model,
+    lock_folder,
+    numbered_checkpoints,
+    rank_rng,
+    write_average,
+)
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
@@ -29,11 +37,12 @@ from nmt.kernels.dispatch import AttentionBackend, model_cases
 from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
 from nmt.model import Transformer, count_parameters
-from nmt.optim import make_optimizer, set_learning_rate, step_optimizer
+from nmt.optim import FP16_OVERFLOW, make_optimizer, set_learning_rate, skip_cause, step_optimizer
 from nmt.runtime import (
     Env,
     autocast,
     autocast_dtype,
+    broadcast_flag,
     parallelize,
     rank0_first,
     rng_state,
@@ -41,6 +50,7 @@ from nmt.runtime import (
     setup_env,
     setup_logging,
     stop_signals,
+    sum_over_ranks,
 )
 from nmt.validate import Validator
 
@@ -58,7 +68,7 @@ class UpdateStats:
     tokens: int
     stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1; "time": some rank ran out of train.max_minutes
     save_due: bool = False  # some rank's train.save_every_minutes ran out (every rank saves together)
-    skipped: bool = False  # non-finite loss, or an fp16 overflow: the step counter did not move
+    skipped: bool = False  # a non-finite loss or gradient (fp16: an overflow): the step counter did not move
 
     def scalars(self) -> dict:
         return {"loss": self.loss, "nll": self.nll, "ppl": math.exp(min(self.nll, 50)), "lr": self.lr,
@@ -82,7 +92,8 @@ class Trainer:
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the data position after them
-        self.bad_updates = 0
+        self.bad_updates = 0  # skipped for a non-finite loss or gradient, in a row (fp16 overflows not counted)
+        self.skipped_updates = 0  # in this process's run, for the log
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
@@ -104,23 +115,6 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
-
-    def check_same_model(self, state: dict) -> None:
-        """Resuming continues the run in the folder: refused, naming the fields, when this job's model or vocabulary
-        is another one (its weights would not load)."""
-        ours = self.state_dict_config()["model"]
-        theirs = state.get("config", {}).get("model", {})
-        def shown(value):
-            return str(value).lower() if isinstance(value, bool) else value
-
-        fields = [f"model.{name}={shown(ours.get(name))} (the folder's run: {shown(theirs.get(name))})"
-                  for name in sorted(set(ours) | set(theirs)) if ours.get(name) != theirs.get(name)]
-        saved_vocab = state["model"]["embed.weight"].shape[0]
-        if saved_vocab != self.data.vocab_size:
-            fields.append(f"a vocabulary of {self.data.vocab_size} (the folder's run: {saved_vocab})")
-        if fields:
-            raise ConfigError(f"{self.out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir "
-                              f"to another folder, or remove {self.out} to start this one afresh")
 
     def state_dict_config(self) -> dict:
         return OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True)
@@ -145,8 +139,9 @@ class Trainer:
                    save_due: bool = False) -> UpdateStats:
         """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks.
 
-        The host waits for the device once: the loss sums, the gradient norm and the stop flags come back
-        in one read after the backward passes, and decide whether the optimizer steps.
+        The host waits for the device once: the named sums (over ranks), the gradient norm and the stop flags come
+        back in one read after the backward passes. One rule in every precision: an update whose loss or gradient
+        is not finite is skipped (counted and logged with its cause; with fp16 the scaler also lowers its scale).
         """
         env = self.env
         local_tokens = sum(b.target_tokens for b in batches)  # counted on the host at collation
@@ -159,7 +154,7 @@ class Trainer:
         lr = set_learning_rate(self.optimizer, self.step + 1, self.job.model.d_model, self.job.optim,
                                self.cfg.max_steps)
         self.model.train()
-        sums = torch.zeros(6, device=env.device)  # loss, nll, local tokens, out of time, signalled, save due
+        loss_sum, nll_sum = torch.zeros((), device=env.device), torch.zeros((), device=env.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or env.world_size == 1 else self.data_parallel.no_sync()
@@ -167,33 +162,36 @@ class Trainer:
                 loss, nll = self.forward_loss(self.train_model, batch)
                 # DDP averages over ranks, so scale by world_size / global tokens for a per-token mean.
                 self.scaler.scale(loss * (env.world_size / tokens)).backward()
-            sums[0] += loss.detach()
-            sums[1] += nll.detach()
-        sums[2], sums[3], sums[4], sums[5] = local_tokens, float(out_of_time), float(signalled), float(save_due)
-        if env.world_size > 1:
-            dist.all_reduce(sums)
+            loss_sum += loss.detach()
+            nll_sum += nll.detach()
+        sums = sum_over_ranks(env, {"loss": loss_sum, "nll": nll_sum, "tokens": local_tokens,
+                                    "out_of_time": out_of_time, "signalled": signalled, "save_due": save_due})
         self.scaler.unscale_(self.optimizer)
         clip = self.job.optim.clip_norm if self.job.optim.clip_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        read = torch.cat([sums, grad_norm.float()[None]]).tolist()  # the one host sync of the update
-        loss_sum, nll_sum, all_tokens, late, signal, due, grad_norm = read
-        stop = "signal" if signal > 0 else "time" if late > 0 else None
-        stats = UpdateStats(loss_sum / all_tokens, nll_sum / all_tokens, lr, grad_norm, int(all_tokens), stop, due > 0)
-        stepped = step_optimizer(self.optimizer, self.scaler, math.isfinite(loss_sum), grad_norm)
-        if not math.isfinite(loss_sum):
-            self.bad_updates += 1
-            log.warning("non-finite loss at update %d: update skipped (%d in a row)", self.step + 1, self.bad_updates)
-            if self.bad_updates >= self.cfg.max_bad_updates:
-                raise FloatingPointError(f"{self.bad_updates} non-finite losses in a row at update {self.step + 1}; "
-                                         f"lower optim.lr_scale, raise optim.warmup, or use train.precision=fp32")
+        read = dict(zip([*sums, "grad_norm"], torch.stack([*sums.values(), grad_norm.float()]).tolist()))  # the sync
+        stop = "signal" if read["signalled"] > 0 else "time" if read["out_of_time"] > 0 else None
+        stats = UpdateStats(read["loss"] / read["tokens"], read["nll"] / read["tokens"], lr, read["grad_norm"],
+                            int(read["tokens"]), stop, read["save_due"] > 0)
+        cause = skip_cause(read["loss"], read["grad_norm"], self.scaler.is_enabled())
+        step_optimizer(self.optimizer, self.scaler, cause is None)
+        if cause is None:
+            self.bad_updates = 0
+            self.step += 1
+            return stats
+        self.skipped_updates += 1
+        if cause == FP16_OVERFLOW:  # the scaler's routine: it lowered its scale
+            log.info("update %d skipped: %s; loss scale lowered to %g (%d updates skipped in this run)",
+                     self.step + 1, cause, self.scaler.get_scale(), self.skipped_updates)
             return replace(stats, skipped=True)
-        self.bad_updates = 0
-        if not stepped:
-            log.info("fp16 gradient overflow at update %d: loss scale lowered to %g; its micro-batches were "
-                     "dropped (the update is not counted)", self.step + 1, self.scaler.get_scale())
-            return replace(stats, skipped=True)
-        self.step += 1
-        return stats
+        self.bad_updates += 1
+        log.warning("update %d skipped: %s (%d in a row, %d in this run); the parameters did not move",
+                    self.step + 1, cause, self.bad_updates, self.skipped_updates)
+        if self.bad_updates >= self.cfg.max_bad_updates:
+            raise FloatingPointError(f"{self.bad_updates} updates in a row skipped ({cause}) at update "
+                                     f"{self.step + 1}; lower optim.lr_scale, raise optim.warmup, set optim.clip_norm, "
+                                     f"or use train.precision=fp32")
+        return replace(stats, skipped=True)
 
     def train(self) -> str | None:
         """The updates, with checkpoints and validation on the way; every rank takes part throughout. Returns
@@ -202,7 +200,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
-            self.check_same_model(state)
+            check_same_model(state, self.state_dict_config()["model"], self.data.vocab_size, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
@@ -273,18 +271,32 @@ def run(job: TrainJob) -> Path:
     job.check()
     env = setup_env(job.train.device, job.train.threads)
     out = Path(job.train.output_dir)
-    setup_logging(out, env.main)
-    try:
-        rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date
-        trainer = Trainer(job, env)
-        stop = trainer.train()
-    finally:
-        if env.world_size > 1:
-            dist.destroy_process_group()
-    if stop == "signal":
-        raise TrainingStopped(f"stopped at update {trainer.step}")
-    if env.main:
-        finish(trainer)
+    with contextlib.ExitStack() as held:
+        refused = None
+        try:
+            if env.main:  # before anything is written there, the log included
+                held.enter_context(lock_folder(out))
+        except CheckpointError as err:
+            refused = err
+        if env.world_size > 1 and broadcast_flag(env, refused is not None):  # every rank stops, not only rank 0
+            refused = refused or CheckpointError(f"rank 0 could not lock {out}")
+        if refused is not None:
+            if env.world_size > 1:
+                dist.destroy_process_group()
+            setup_logging(None, env.main)  # to stderr: the folder's train.log is the other job's
+            raise refused
+        setup_logging(out, env.main)
+        try:
+            rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date
+            trainer = Trainer(job, env)
+            stop = trainer.train()
+        finally:
+            if env.world_size > 1:
+                dist.destroy_process_group()
+        if stop == "signal":
+            raise TrainingStopped(f"stopped at update {trainer.step}")
+        if env.main:
+            finish(trainer)
     return out
 
 

@@ -1,7 +1,8 @@
 """python -m nmt.translate checkpoint=PATH [beam=4 alpha=0.6] [input=FILE] [output=FILE]
 
 Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
-exactly one output line per input line, in input order. Empty or whitespace-only lines give
+exactly one output line per input line, in input order, written and flushed every buffer_lines input lines
+(default 5,000), so memory stays bounded and a killed run keeps every finished chunk. Empty or whitespace-only lines give
 empty lines. A line longer than max_input_tokens subword tokens (default 1,024, as fairseq's
 --max-source-positions) is cut to that length with a warning naming it, never dropped, so one stray paragraph or
 binary blob costs bounded time; a model with absolute (sinusoid) positions also cuts at its table's length.
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, DecodeJob, register_schemas
 from nmt.data.readers import DataError
-from nmt.decode import load_translator, translate_lines
+from nmt.decode import load_translator, translate_stream
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.runtime import autocast, autocast_dtype, resolve_device
 
@@ -66,19 +68,16 @@ def main(cfg) -> None:
         model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention))
         dtype = autocast_dtype(job.precision, device, training=False)
 
-        def translate(lines, progress=False):
-            with autocast(device, dtype):
-                return translate_lines(model, vocab, lines, job, device, progress)
-
+        interactive = job.input is None and sys.stdin.isatty()  # answer each line as it is typed
         out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
-        with open_source(job.input) as source:
+        bar = tqdm(unit=" lines", disable=job.input is None, file=sys.stderr, mininterval=1.0)
+        with open_source(job.input) as source, autocast(device, dtype):
             lines = decode_source_lines(source, job.input or "<stdin>")
-            if job.input is None and sys.stdin.isatty():  # interactive: answer each line as it is typed
-                for line in lines:
-                    print(translate([line])[0], file=out, flush=True)
-            else:
-                for translation in translate(list(lines), progress=job.input is not None):
-                    out.write(translation + "\n")
+            for chunk in translate_stream(model, vocab, lines, job, device, 1 if interactive else job.buffer_lines):
+                out.write("".join(translation + "\n" for translation in chunk))
+                out.flush()  # a chunk done is a chunk kept, whatever happens next
+                bar.update(len(chunk))
+        bar.close()
         if out is not sys.stdout:
             out.close()
     except (ConfigError, CheckpointError, DataError) as err:

@@ -18,8 +18,6 @@
 #SBATCH --output=outputs/slurm-%j.log
 
 set -uo pipefail
-# restarted workers otherwise read the dead attempt's addresses from the store torchrun shares (pytorch#135712)
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # on SIGTERM torchrun gives its workers this long (default 30 s) to finish the update and save; inside the 120 s
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=100
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)

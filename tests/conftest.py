@@ -99,3 +99,16 @@ def prepared(tmp_path_factory):
     cfg = local_config(directory)
     prepare(cfg)
     return cfg
+
+
+@pytest.fixture(scope="session")
+def checkpoint(prepared, tmp_path_factory):
+    """A micro model trained 20 updates on the prepared corpus: averaged.pt of its last two checkpoints."""
+    from nmt.config import OptimConfig, TrainConfig, TrainJob
+    from nmt.train import run
+
+    out = tmp_path_factory.mktemp("trained")
+    run(TrainJob(model=micro_config(max_positions=80), data=prepared, optim=OptimConfig(warmup=10, lr_scale=2.0),
+                 train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
+                                   output_dir=str(out), threads=1, average_last=2)))
+    return out / "averaged.pt"

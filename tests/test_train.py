@@ -207,24 +207,43 @@ def test_nonfinite_loss_skips_the_update_then_stops(prepared, tmp_path, monkeypa
 
     monkeypatch.setattr(train_module, "smoothed_loss",
                         lambda logits, target, eps: (logits.sum() * float("nan"), logits.sum().detach()))
-    with pytest.raises(FloatingPointError, match="3 non-finite losses in a row"):
+    with pytest.raises(FloatingPointError, match=r"3 updates in a row skipped \(non-finite loss\)"):
         run(job(prepared, tmp_path / "all", max_steps=4, max_bad_updates=3))
+
+
+def nan_gradients_at(call: int, real):
+    """smoothed_loss whose call-th backward gives NaN gradients with a finite loss: d/dx sqrt(|x - x|) at 0 is
+    inf * 0."""
+    calls = {"n": 0}
+
+    def loss(logits, target, epsilon):
+        calls["n"] += 1
+        value, nll = real(logits, target, epsilon)
+        if calls["n"] == call:
+            x = logits.float()
+            value = value + 0.0 * (x - x.detach()).abs().sqrt().sum()
+        return value, nll
+
+    return loss, calls
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_nonfinite_gradient_is_skipped_in_every_precision(prepared, tmp_path, monkeypatch, precision):
+    """No GradScaler guards bf16 or fp32: the update whose gradients are NaN (finite loss) must still be skipped,
+    and no checkpoint after it may hold a non-finite parameter."""
+    loss, calls = nan_gradients_at(3, train_module.smoothed_loss)
+    monkeypatch.setattr(train_module, "smoothed_loss", loss)
+    run(job(prepared, tmp_path, max_steps=5, precision=precision, save_every_steps=1, keep_last=10))
+    assert "update 3 skipped: non-finite gradient (the loss was finite)" in (tmp_path / "train.log").read_text()
+    assert calls["n"] == 6 and load_checkpoint(tmp_path / LAST)["step"] == 5  # the run went on to its end
+    for path in [*numbered_checkpoints(tmp_path), tmp_path / LAST]:
+        assert all(torch.isfinite(t).all() for t in load_checkpoint(path)["model"].values()), path
 
 
 def test_fp16_overflow_lowers_the_scale_and_drops_the_update(prepared, tmp_path, monkeypatch):
     """A finite loss whose gradients are not (an fp16 overflow): the scaler halves, the update does not count."""
-    real = train_module.smoothed_loss
-    calls = {"n": 0}
-
-    def nan_gradients_once(logits, target, epsilon):
-        calls["n"] += 1
-        loss, nll = real(logits, target, epsilon)
-        if calls["n"] == 3:  # d/dx sqrt(|x - x|) at 0 is inf * 0: NaN gradients, finite value
-            x = logits.float()
-            loss = loss + 0.0 * (x - x.detach()).abs().sqrt().sum()
-        return loss, nll
-
-    monkeypatch.setattr(train_module, "smoothed_loss", nan_gradients_once)
+    loss, calls = nan_gradients_at(3, train_module.smoothed_loss)
+    monkeypatch.setattr(train_module, "smoothed_loss", loss)
     run(job(prepared, tmp_path, max_steps=4, precision="fp16", save_every_steps=4))
     state = load_checkpoint(tmp_path / LAST)
     assert state["step"] == 4  # the dropped update was not counted: four more followed
@@ -306,3 +325,13 @@ def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
         assert f"clip: {clip}" in (job_dir / "config.yaml").read_text()
         tables[clip] = params(job_dir / LAST)["encoder.0.self_attn.rel_k"].shape[-2]
     assert tables == {0: 1, 2: 5}
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, caplog):
+    from nmt.checkpoint import save_training_state
+
+    state = {"model": {"w": torch.ones(3), "steps": torch.tensor([2])}, "step": 7}
+    assert save_training_state(state, tmp_path, keep_last=2, resumable=5)
+    state = {"model": {"w": torch.tensor([1.0, float("nan")]), "steps": torch.tensor([2])}, "step": 8}
+    assert not save_training_state(state, tmp_path, keep_last=2, resumable=7)
+    assert load_checkpoint(tmp_path / LAST)["step"] == 7 and "update 8 not saved" in caplog.text

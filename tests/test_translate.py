@@ -6,20 +6,9 @@ import sys
 import pytest
 import torch
 
-from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
+from nmt.config import ModelConfig
 from nmt.score import compound_split_bleu, score_files, split_compounds
-from nmt.train import run
-from tests.conftest import ROOT, micro_config
-
-
-@pytest.fixture(scope="module")
-def checkpoint(prepared, tmp_path_factory):
-    out = tmp_path_factory.mktemp("trained")
-    model = micro_config(max_positions=80)
-    run(TrainJob(model=model, data=prepared, optim=OptimConfig(warmup=10, lr_scale=2.0),
-                 train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
-                                   output_dir=str(out), threads=1, average_last=2)))
-    return out / "averaged.pt"
+from tests.conftest import ROOT
 
 
 def cli(module, *args, stdin=None):

@@ -29,6 +29,9 @@ class Position(str, Enum):
     absolute = "absolute"  # Vaswani et al. 2017: sinusoids added to the embeddings
     both = "both"
     none = "none"  # no position information in the encoder at all (the paper's k=0 analogue)
+    learned = "learned"  # learned absolute embeddings, one table each for encoder and decoder (BERT, fairseq's
+    # --encoder-learned-pos): a row per position up to max_positions; rows past the longest training sentence stay
+    # at their random initialization
 
 
 class Norm(str, Enum):
@@ -50,7 +53,7 @@ class ModelConfig:
     rel_value: bool = True  # a^V (Eq. 3)
     share_heads: bool = False  # one edge table per layer (big) instead of per layer and head (base)
     norm: Norm = Norm.pre
-    max_positions: int = 1024  # longest sequence the sinusoid table covers (absolute/both)
+    max_positions: int = 1024  # longest sequence the position table covers (absolute, both, learned)
 
     def check(self) -> "ModelConfig":
         """Self with enum fields as enums, after checking every value (ConfigError names the field)."""

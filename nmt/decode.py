@@ -38,10 +38,10 @@ def load_translator(checkpoint: str | Path, device: torch.device,
 
 def input_limit(model: Transformer, max_extra: int, max_input_tokens: int | None = None) -> int | None:
     """Longest source (tokens, EOS excluded) decoded: max_input_tokens, and for a model with absolute positions
-    the longest whose output still fits the sinusoid table (relative distances are clipped, never out of range).
+    the longest whose output still fits its position table (sinusoids or learned) (relative distances are clipped, never out of range).
     None: no limit."""
     limits = [max_input_tokens] if max_input_tokens is not None else []
-    if model.cfg.position in (Position.absolute, Position.both):
+    if model.cfg.position in (Position.absolute, Position.both, Position.learned):
         limits.append(model.cfg.max_positions - max_extra - 1)
     return min(limits) if limits else None
 

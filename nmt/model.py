@@ -121,16 +121,25 @@ class Transformer(nn.Module):
         pre = cfg.norm == Norm.pre  # pre-norm stacks end with a LayerNorm; post-norm already did
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.absolute = cfg.position in (Position.absolute, Position.both)
+        self.absolute = cfg.position in (Position.absolute, Position.both, Position.learned)
         self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+        if cfg.position == Position.learned:  # fairseq's LearnedPositionalEmbedding: N(0, d^-0.5), not scaled
+            self.encoder_positions, self.decoder_positions = (nn.Embedding(cfg.max_positions, cfg.d_model)
+                                                              for _ in range(2))
+            for table in (self.encoder_positions, self.decoder_positions):
+                nn.init.normal_(table.weight, 0.0, cfg.d_model**-0.5)
 
-    def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    def _embed(self, tokens: Tensor, offset: int = 0, side: str = "encoder") -> Tensor:
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)  # (B, N, d)
         if self.absolute:
             n = tokens.shape[1]
             if offset + n > self.cfg.max_positions:
                 raise ValueError(f"sequence of {offset + n} tokens exceeds model.max_positions={self.cfg.max_positions}")
-            x = x + self.positions[offset : offset + n].to(x.dtype)
+            if self.cfg.position == Position.learned:
+                table = getattr(self, f"{side}_positions").weight
+            else:
+                table = self.positions
+            x = x + table[offset : offset + n].to(x.dtype)
         return self.embed_dropout(x)
 
     def encode(self, src: Tensor) -> Tensor:
@@ -152,7 +161,7 @@ class Transformer(nn.Module):
         Teacher forcing passes the whole shifted target with a fresh cache; incremental
         decoding passes one token at a time. The input cache is never modified.
         """
-        x = self._embed(tgt, cache.step)
+        x = self._embed(tgt, cache.step, side="decoder")
         layers = []
         for layer, layer_cache in zip(self.decoder, cache.layers):
             x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step)

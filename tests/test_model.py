@@ -23,14 +23,14 @@ def test_relative_encoder_is_shift_invariant_and_absolute_is_not():
     """Moving a sentence to later positions (padding before it) changes nothing for a relative-only model."""
     src = tokens(1, 6)
     padded = torch.cat([torch.full((1, 3), PAD), src], 1)
-    for position, invariant in ((Position.relative, True), (Position.absolute, False)):
+    for position, invariant in ((Position.relative, True), (Position.absolute, False), (Position.learned, False)):
         model = small_model(position=position)
         with torch.no_grad():
             plain, shifted = model.encode(src), model.encode(padded)[:, 3:]
         assert torch.allclose(plain, shifted, atol=1e-5) == invariant, position
 
 
-@pytest.mark.parametrize("position", [Position.relative, Position.absolute, Position.both])
+@pytest.mark.parametrize("position", [Position.relative, Position.absolute, Position.both, Position.learned])
 def test_swapping_two_tokens_changes_the_first_output(position):
     model = small_model(position=position)
     src = tokens(1, 6)
@@ -113,3 +113,18 @@ def test_cross_attention_has_no_edge_tables():
     assert layer.self_attn.rel_k.shape[-2] == 3 and layer.self_attn.rel_v is None
     with pytest.raises(ValueError, match="clip"):
         small_model(clip=-1)
+
+
+def test_learned_positions_are_trained_tables_one_per_side_with_a_clear_limit():
+    model = small_model(position=Position.learned, max_positions=12)
+    tables = {name: p for name, p in model.named_parameters() if name.endswith("positions.weight")}
+    assert sorted(tables) == ["decoder_positions.weight", "encoder_positions.weight"]
+    assert all(t.shape == (12, model.cfg.d_model) for t in tables.values())
+    model.train()
+    model(tokens(2, 5), torch.cat([torch.full((2, 1), BOS), tokens(2, 4)], 1)).sum().backward()
+    assert tables["encoder_positions.weight"].grad[:5].abs().sum() > 0  # rows in use learn
+    assert tables["encoder_positions.weight"].grad[5:].abs().sum() == 0  # rows past the sentence do not
+    with pytest.raises(ValueError, match="exceeds model.max_positions=12"):
+        model.encode(tokens(1, 13))
+    sinusoid = small_model(position=Position.absolute)
+    assert not any(name.endswith("positions.weight") for name, _ in sinusoid.named_parameters())

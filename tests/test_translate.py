@@ -42,7 +42,7 @@ def test_only_absolute_positions_limit_the_input():
             return [[5] * len(line.split()) for line in lines]
 
     long_line = "word " * 200
-    for position, limit in (("relative", None), ("none", None), ("absolute", 80 - 50 - 1), ("both", 29)):
+    for position, limit in (("relative", None), ("none", None), ("absolute", 80 - 50 - 1), ("both", 29), ("learned", 29)):
         model = Transformer(ModelConfig(encoder_layers=1, decoder_layers=1, d_model=16, heads=2, ffn_dim=16,
                                         position=position, max_positions=80), 10)
         assert input_limit(model, 50) == limit

@@ -22,7 +22,7 @@ MODEL ?= base
 DATA ?= wmt14_en_de
 EXTRA ?=
 
-.PHONY: table1 table2 table3 length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
+.PHONY: table1 table2 table3 beyond length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
         ablate-k ablate-kv bench check-nproc check-kernels
 
 install: .venv/installed
@@ -104,7 +104,7 @@ ablate-kv: install check-nproc
 # The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):
 # results/<table>/<row>/seed<k>/; a sweep that was stopped resumes where it stopped. JOBS runs side by side.
 JOBS ?= 2
-table1 table2 table3: install
+table1 table2 table3 beyond: install
 	$(PY) scripts/sweep.py $@ --jobs $(JOBS)
 
 length-study: install

@@ -11,6 +11,7 @@ A checkpoint is a dict of tensors and plain containers. What a run writes in its
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -127,8 +128,11 @@ def lock_folder(out: Path):
     import socket
     import sys
 
-    out.mkdir(parents=True, exist_ok=True)
-    handle = open(out / ".lock", "a+")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        handle = open(out / ".lock", "a+")
+    except OSError as err:
+        raise CheckpointError(f"cannot write the output folder {out}: {err.strerror or err}") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -137,6 +141,10 @@ def lock_folder(out: Path):
         handle.close()
         raise CheckpointError(f"{out} is being written by another training job ({holder}): wait for it to end, "
                               "or give this one another train.output_dir") from None
+    except OSError as err:  # a file system without flock (some Lustre and NFS mounts): train, unguarded
+        handle.close()
+        log.warning("%s cannot be locked (%s): nothing stops a second job from writing it", out, err.strerror or err)
+        return contextlib.nullcontext()
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {datetime.datetime.now():%Y-%m-%d %H:%M:%S}: "

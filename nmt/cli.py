@@ -14,12 +14,12 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 def override_error(config_name: str, overrides: list[str]) -> str | None:
     """One line saying what is wrong with the overrides (an unknown key, a value of the wrong type, an unknown
-    preset), or None. Sweeps (-m), Hydra's own flags and hydra.* keys are left to Hydra."""
+    preset), or None. hydra.* keys are left to Hydra."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    plain = [arg for arg in overrides if "=" in arg and not arg.startswith(("-", "hydra.", "+hydra."))]
+    plain = [arg for arg in overrides if "=" in arg and not arg.startswith(("hydra.", "+hydra.", "hydra/"))]
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
             compose(config_name, overrides=plain)
@@ -39,8 +39,8 @@ def hydra_job(config_name: str):
         @functools.wraps(task)
         def entry():
             args = sys.argv[1:]
-            if not any(arg in ("-m", "--multirun") or arg.startswith(("--cfg", "--help", "-h", "--info"))
-                       for arg in args):
+            # any flag (-m, --config-name, --cfg, -sc, ...) or a sweep: Hydra's own checks, as they are
+            if not any(arg.startswith(("-", "hydra.mode=")) for arg in args):
                 error = override_error(config_name, args)
                 if error is not None:
                     print(f"error: {error} (python -m nmt.{Path(sys.argv[0]).stem} --help lists the fields)",

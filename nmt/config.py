@@ -260,8 +260,8 @@ def model_overrides_suffix(overrides) -> str:
     """".clip-4.rel_value-false" for a run's model.* overrides, "" for none: the default output folder of an
     ablation (configs/train.yaml) is its own, not the preset's, so it never tries to resume another model's run.
     Only letters, digits, "_", "-" and ".": the folder can be passed back as an override value unquoted."""
-    picked = sorted(str(o).removeprefix("model.").replace("=", "-") for o in overrides
-                    if str(o).startswith("model."))
+    plain = [str(o).lstrip("+").replace("~model.", "model.no-", 1) for o in overrides]  # ++model.x=, ~model.x
+    picked = sorted(o.removeprefix("model.").replace("=", "-") for o in plain if o.startswith("model."))
     return "".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked)
 
 

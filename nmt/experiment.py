@@ -22,7 +22,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint, lock_folder
 from nmt.config import ConfigError, SearchConfig, TrainJob, register_schemas
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import DataError, read_lines
@@ -92,8 +92,11 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     """
     started = time.monotonic()
     if output.exists():  # one budgeted run from scratch, never a resumed (longer) one
-        log.info("removing the previous run in %s", output)
-        shutil.rmtree(output)
+        with lock_folder(output):  # never under a job that is still writing it (CheckpointError names it)
+            log.info("removing the previous run in %s", output)
+            for path in output.iterdir():
+                if path.name != ".lock":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
     job, resolved = compose_job([*overrides, f"train.output_dir={output}"])
     run(job)  # prepares the data first (a no-op when up to date)
     train_minutes = (time.monotonic() - started) / 60

@@ -70,9 +70,15 @@ def attempt_store() -> dist.Store:
     """The launcher's store (env://: MASTER_ADDR, MASTER_PORT), its keys kept apart for each restart attempt.
     torchrun shares its rendezvous store with the workers, so after a restart (--max-restarts) the new group
     would otherwise read the dead attempt's addresses from it: gloo then hung in connectFullMesh
-    (pytorch/pytorch#135712). With the attempt in the prefix no launcher needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE."""
-    store, _, _ = next(dist.rendezvous("env://"))
-    return dist.PrefixStore(f"relnmt/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    (pytorch/pytorch#135712). With the attempt in the prefix no launcher needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE.
+
+    The attempt is counted in the store itself, by the workers that joined it: TORCHELASTIC_RESTART_COUNT is not
+    the same on every node (torchrun's healthy nodes restart as a membership change, uncounted). Every worker of a
+    dead attempt had joined (it died later, mid-run), so the n-th worker to join belongs to attempt
+    (n - 1) // world_size. A fixed world size is assumed (no elastic --nnodes=MIN:MAX)."""
+    store, _, world_size = next(dist.rendezvous("env://"))
+    attempt = (store.add("relnmt/workers_joined", 1) - 1) // world_size
+    return dist.PrefixStore(f"relnmt/attempt{attempt}", store)
 
 
 def setup_logging(out: Path | None, main: bool) -> None:

@@ -181,8 +181,12 @@ class Trainer:
             return stats
         self.skipped_updates += 1
         if cause == FP16_OVERFLOW:  # the scaler's routine: it lowered its scale
+            scale = self.scaler.get_scale()
             log.info("update %d skipped: %s; loss scale lowered to %g (%d updates skipped in this run)",
-                     self.step + 1, cause, self.scaler.get_scale(), self.skipped_updates)
+                     self.step + 1, cause, scale, self.skipped_updates)
+            if scale < MIN_LOSS_SCALE:  # gradients that stay non-finite whatever the scale: not an overflow
+                raise FloatingPointError(f"the fp16 loss scale fell to {scale:g} at update {self.step + 1}: the "
+                                         "gradients are not finite at any scale; use train.precision=bf16 or fp32")
             return replace(stats, skipped=True)
         self.bad_updates += 1
         log.warning("update %d skipped: %s (%d in a row, %d in this run); the parameters did not move",
@@ -254,6 +258,9 @@ def finish(trainer: Trainer) -> None:
         paths = numbered_checkpoints(trainer.out)[-trainer.cfg.average_last:]
         log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, trainer.out / "averaged.pt"))
     log.info("done: %d updates in %.1f minutes", trainer.step, (time.monotonic() - trainer.start_time) / 60)
+
+
+MIN_LOSS_SCALE = 1e-4  # fairseq's --min-loss-scale: below it, fp16 "overflows" are a gradient that is never finite
 
 
 class TrainingStopped(Exception):

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def measure(preset: str, position: str, steps: int, device: str, precision: str, max_tokens: int,
-            compile_model: bool) -> dict:
+            compile_model: bool, threads: int = 0) -> dict:
     """Median step time of the model alone, then the trainer's own updates over its own batch stream."""
     import tempfile
 
@@ -43,7 +43,8 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
     job, _ = compose_job([f"model={preset}", "data=multi30k_en_de", f"model.position={position}",
                           f"train.device={device}", f"train.precision={precision}", f"train.max_tokens={max_tokens}",
                           "train.update_freq=1", f"train.compile={str(compile_model).lower()}", "train.seed=0",
-                          f"train.max_steps={10 * steps}", f"train.output_dir={tempfile.mkdtemp()}"])
+                          f"train.max_steps={10 * steps}", f"train.threads={threads}",
+                          f"train.output_dir={tempfile.mkdtemp()}"])
     from nmt.kernels.dispatch import TRITON_INSTALLED
 
     if TRITON_INSTALLED:  # the fused op's FLOP formula, registered before the counter copies the registry
@@ -166,8 +167,8 @@ def main() -> None:
         memory = summary["relative"]["peak_mib"] / summary["absolute"]["peak_mib"]
         print(f"{preset:6s}  relative/absolute: time {ratio:.3f}, peak memory {memory:.3f}")
         report["rows"].append({"preset": preset, **summary, "time_ratio": ratio, "memory_ratio": memory})
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")  # each preset's rows as they exist
     print(f"wrote {args.output}")
 
 

@@ -173,8 +173,8 @@ def main(argv=None) -> int:
     meta = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "dry_run": args.dry_run,
             "command": " ".join(["scripts/gpu_check.sh", *(["--dry-run"] if args.dry_run else []), str(args.output)])}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRITON_CACHE_DIR": str(work / "triton_cache")}
-    if args.dry_run:
-        env["TRITON_INTERPRET"] = "1"
+    if args.dry_run:  # one thread: two cores shared with whatever else runs (a test suite) stay usable
+        env.update(TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
     results: dict = {}
     with open(out / "log.txt", "a", buffering=1) as log:
         for stage in STAGES:

@@ -274,7 +274,7 @@ def trainer(a: Answers, dry: bool, work: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     if dry:
         overrides = ["model=tiny", *MICRO_MODEL, "train.device=cpu", "train.precision=fp32", "train.max_tokens=1024",
-                     "train.max_steps=4", "train.log_every=1", "train.compile=false"]
+                     "train.max_steps=4", "train.log_every=1", "train.compile=false", "train.threads=1"]
     else:  # the paper's batch in one micro-batch; compiled (the default on CUDA), bf16, the fused kernel under auto
         overrides = ["model=base", "train.device=cuda", "train.precision=bf16", "train.max_tokens=25000",
                      "train.max_steps=150", "train.log_every=25"]
@@ -343,7 +343,7 @@ def step(a: Answers, dry: bool, work: Path) -> None:
     for position, compiled in configs:
         key = f"{preset} {position} {'compiled' if compiled else 'eager'}"
         row = a.attempt(key, bench.measure, preset, position, steps, device.type, precision, tokens,
-                        compiled and not dry)
+                        compiled and not dry, 1 if dry else 0)
         if "step_s" in row and peak:
             row["mfu"] = row["tflop_s"] / peak
             row["trainer_mfu"] = row["trainer_tokens_per_s"] * row["tflops_per_target_token"] / peak

@@ -104,7 +104,7 @@ def train_one(layers: int, clip: int, seed: int, updates: int, output: str) -> d
         loss.backward()
         optimizer.step()
     accuracies = accuracy_by_distance(model.eval(), seed)
-    result = {"layers": layers, "clip": clip, "seed": seed, "updates": updates, "final_loss": float(loss),
+    result = {"layers": layers, "clip": clip, "seed": seed, "updates": updates, "final_loss": float(loss.detach()),
               "accuracy_by_distance": accuracies, "d_eff": reach(accuracies),
               "d_max_95": max([d for d, a in enumerate(accuracies, 1) if a >= THRESHOLD], default=0),
               "minutes": round((time.monotonic() - start) / 60, 2),

@@ -34,7 +34,12 @@ REFERENCE = {
     "table2": {f"k{k}": "k16" for k in (0, 1, 2, 4, 64)},
     "table3": {"key": "key+value", "value": "key+value", "neither": "key+value"},
     "length": {"relative": "absolute"},
+    "beyond": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute", "en-de.shared": "en-de.relative",
+               **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then relative
+                  for pair in ("en-de", "en-fr") for row in ("learned", "both")}},
 }
+ORDER = {"beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
+                    "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
 
 def load_runs(results: Path, table: str) -> dict[str, dict[int, dict]]:
@@ -44,7 +49,7 @@ def load_runs(results: Path, table: str) -> dict[str, dict[int, dict]]:
         result = json.loads(path.read_text())
         result["hyps"] = (path.parent / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
         rows.setdefault(path.parent.parent.name, {})[result["seed"]] = result
-    order = list(PAPER.get(table, {}))
+    order = ORDER.get(table) or list(PAPER.get(table, {}))
     return dict(sorted(rows.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order),
                                                        item[0])))
 
@@ -86,14 +91,17 @@ def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> st
         if pair not in refs_by_pair:
             refs_by_pair[pair] = test_lines(pair.split("-")[1])
         results = [seeds[s] for s in sorted(seeds)]
-        against, p = REFERENCE.get(table, {}).get(name), ""
-        if against in rows and set(rows[against]) & set(seeds):
-            p = f"{paired_bootstrap(*seed_paired(seeds, rows[against], refs_by_pair[pair]), samples):.4f}"
+        references = REFERENCE.get(table, {}).get(name) or ()
+        references = [r for r in ((references,) if isinstance(references, str) else references)
+                      if r in rows and set(rows[r]) & set(seeds)]
+        against = " / ".join(references)
+        p = " / ".join(f"{paired_bootstrap(*seed_paired(seeds, rows[r], refs_by_pair[pair]), samples):.4f}"
+                       for r in references)
         paper = PAPER.get(table, {}).get(name)
         lines.append(f"| {name} | {len(results)} | {mean_std([r['bleu'] for r in results])} | "
                      f"{statistics.mean(r['chrf'] for r in results):.2f} | "
                      f"{statistics.mean(r['compound_split_bleu'] for r in results):.2f} | "
-                     f"{paper if paper is not None else ''} | {against or ''} | {p} |")
+                     f"{paper if paper is not None else ''} | {against} | {p} |")
     return "\n".join(lines)
 
 
@@ -130,7 +138,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     args = parser.parse_args()
     blocks = {}
-    for table in ("table1", "table2", "table3"):
+    for table in ("table1", "table2", "table3", "beyond"):
         rows = load_runs(args.results, table)
         if rows:
             blocks[table] = bleu_table(table, rows, args.samples)

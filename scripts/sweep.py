@@ -1,6 +1,6 @@
 """Run the small-scale tables (the paper's Tables 1-3 and the length study) on the bundled Multi30k.
 
-    python scripts/sweep.py table1|table2|table3|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
+    python scripts/sweep.py table1|table2|table3|beyond|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
 
 Every run of a table has the same recipe (configs/experiment/table1.yaml, or length.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
@@ -43,6 +43,19 @@ TABLES = {
         "key": ("en-de", ["model.rel_value=false"]),
         "value": ("en-de", ["model.rel_key=false"]),
         "neither": ("en-de", ["model.rel_key=false", "model.rel_value=false"]),
+    }},
+    # Beyond the paper: learned absolute positions, sinusoids and relative together, one edge table for every head.
+    # The absolute and relative rows are Table 1's runs (same identity: copied, not trained again).
+    "beyond": {"seeds": [1, 2, 3], "rows": {
+        "en-de.absolute": ("en-de", ["model.position=absolute"]),
+        "en-de.relative": ("en-de", []),
+        "en-de.learned": ("en-de", ["model.position=learned"]),
+        "en-de.shared": ("en-de", ["model.share_heads=true"]),
+        "en-de.both": ("en-de", ["model.position=both"]),
+        "en-fr.absolute": ("en-fr", ["model.position=absolute"]),
+        "en-fr.relative": ("en-fr", []),
+        "en-fr.learned": ("en-fr", ["model.position=learned"]),
+        "en-fr.both": ("en-fr", ["model.position=both"]),
     }},
     "length": {"seeds": [1, 2], "rows": {
         "absolute": ("en-de", ["model.position=absolute"]),

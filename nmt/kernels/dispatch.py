@@ -250,28 +250,30 @@ def slower_than_torch(case: Case, device: torch.device, repeats: int = 5, shape=
     keeps the faster path per case, as cuDNN's benchmark mode does, so it is never slower than attention=torch."""
     import time
 
-    from nmt.attention import relation_aware_attention
+    from nmt.kernels import relative_attention as kernel
+    from nmt.kernels import torch_attention
 
     (b, h, nk), d = shape, case.head_dim
     nq = 1 if case.decoding else nk
     clip = (case.buckets_block - 1) // 2
     g = torch.Generator(device=device).manual_seed(0)
-    shapes = [(b, h, nq, d), (b, h, nk, d), (b, h, nk, d)] + [(2 * clip + 1, d) if case.shared else (h, 2 * clip + 1, d)] * 2
+    table = (2 * clip + 1, d) if case.shared else (h, 2 * clip + 1, d)
+    shapes = [(b, h, nq, d), (b, h, nk, d), (b, h, nk, d), table, table]
     q, k, v, rel_k, rel_v = [torch.randn(*s, generator=g, device=device).to(case.dtype).requires_grad_(True)
                              for s in shapes]
     pad = torch.zeros(b, nk, dtype=torch.bool, device=device) if case.padding else None
     tables = (rel_k if case.key_table else None, rel_v if case.value_table else None)
+    window = EdgeWindow(clip, 0, 2 * clip)  # the whole table: the case's own register block, as in self_test
     seconds = {}
-    for mode in ("triton", "torch"):
-        backend, times = AttentionBackend(mode), []
+    for mode, implementation in (("triton", kernel.relative_attention), ("torch", torch_attention.relative_attention)):
+        times = []
         for i in range(repeats + 2):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             with torch.enable_grad(), torch.autocast(device.type, enabled=False):
-                out = relation_aware_attention(q, k, v, *tables, clip, key_padding_mask=pad, causal=case.causal,
-                                               q_offset=nk - nq, dropout_p=0.1 if case.dropout else 0.0,
-                                               backend=backend)
+                out = implementation(q, k, v, *tables, window, pad, case.causal, nk - nq,
+                                     0.1 if case.dropout else 0.0)
                 out.sum().backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -1,0 +1,147 @@
+"""What relative attention costs at inference: decoding with relative against absolute positions, same sizes.
+
+    python scripts/bench_decode_cost.py [--preset tiny] [--sentences 256] [--steps 60] [--repeats 5] [--threads 2]
+                                        [--device cpu] [--output results/decode_cost.json]
+
+The paper reports training speed only. Here, for position=relative and position=absolute, the same preset (random
+weights: a decoder step does the same work whatever the weights, and the output length is fixed here at --steps so
+both models take the same number of steps) decodes the first --sentences test sources (this project's vocabulary):
+- greedy and beam 4 (4 hypotheses per source, the cache reordered every step as nmt.search does), with the
+  incremental cache: sentences per second;
+- the time of each decoder step as the target grows (batch 64, greedy), to see whether the relative terms' cost
+  grows with the prefix;
+- the cache's memory after the last step (its K/V tensors; the edge tables are parameters, not cache).
+The two models alternate, medians of --repeats. Budget in steps, not time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from nmt.model import BOS, EOS, Transformer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sources(n: int, device) -> tuple[torch.Tensor, int]:
+    """The first n test sentences of the bundled Multi30k, encoded with the prepared vocabulary (built if absent),
+    and the vocabulary's size."""
+    import gzip
+
+    from nmt.data.batching import pad_rows
+    from nmt.data.pipeline import prepare
+    from nmt.data.vocab import Vocab
+    from nmt.experiment import preset_job
+
+    folder = prepare(preset_job("data=multi30k_en_de").data)
+    with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+        lines = [next(f).strip() for _ in range(n)]
+    vocab = Vocab(folder / "spm.model")
+    ids = vocab.encode(lines)
+    return pad_rows([torch.tensor(row).numpy() for row in ids], suffix=EOS).to(device), len(vocab)
+
+
+def cache_bytes(cache) -> int:
+    total = 0
+    for layer in cache.layers:
+        for kv in (layer.self_kv, layer.cross_kv):
+            if kv is not None:
+                total += sum(t.numel() * t.element_size() for t in (kv.k, kv.v))
+    return total
+
+
+@torch.no_grad()
+def decode_steps(model: Transformer, src: torch.Tensor, steps: int, beam: int, step_times: list | None = None):
+    """`steps` cached decoder steps for every source (beam > 1: beam hypotheses each, reordered every step)."""
+    generator = torch.Generator().manual_seed(0)
+    memory = model.encode(src)
+    if beam > 1:
+        src, memory = src.repeat_interleave(beam, 0), memory.repeat_interleave(beam, 0)
+    cache = model.start(memory, src)
+    token = torch.full((src.shape[0], 1), BOS, device=src.device)
+    base = torch.arange(0, src.shape[0], beam, device=src.device).repeat_interleave(beam)
+    for _ in range(steps):
+        start = time.perf_counter()
+        logits, cache = model.decode(token, cache)
+        token = logits[:, -1:].argmax(-1)
+        if beam > 1:  # as beam search re-ranks: each hypothesis continues one of its sentence's beam
+            cache = model.reorder(cache, base + torch.randint(0, beam, base.shape, generator=generator).to(base))
+        if step_times is not None:
+            step_times.append(time.perf_counter() - start)
+    return cache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--sentences", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--output", default="results/decode_cost.json")
+    args = parser.parse_args()
+    from nmt.experiment import preset_job
+    from nmt.kernels.dispatch import AttentionBackend
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    src, vocab_size = sources(args.sentences, device)
+    models = {}
+    for position in ("relative", "absolute"):
+        torch.manual_seed(0)
+        cfg = preset_job(f"model={args.preset}", f"model.position={position}").model
+        models[position] = Transformer(cfg, vocab_size, AttentionBackend("auto")).to(device).eval()
+    seconds = {(p, beam): [] for p in models for beam in (1, 4)}
+    per_step = {p: [[] for _ in range(args.steps)] for p in models}
+    for _ in range(args.repeats + 1):  # the first round warms up
+        for position, model in models.items():
+            for beam in (1, 4):
+                start = time.perf_counter()
+                for chunk in src.split(64):
+                    decode_steps(model, chunk, args.steps, beam)
+                seconds[(position, beam)].append(time.perf_counter() - start)
+            times: list = []
+            decode_steps(model, src[:64], args.steps, 1, times)
+            for step, t in enumerate(times):
+                per_step[position][step].append(t)
+    report = {"preset": args.preset, "sentences": args.sentences, "steps": args.steps, "device": args.device,
+              "threads": args.threads, "repeats": args.repeats, "command": "python scripts/bench_decode_cost.py "
+              f"--preset {args.preset} --sentences {args.sentences} --steps {args.steps} --repeats {args.repeats}"}
+    for position, model in models.items():
+        report[position] = {
+            "greedy_sentences_per_s": args.sentences / statistics.median(seconds[(position, 1)][1:]),
+            "beam4_sentences_per_s": args.sentences / statistics.median(seconds[(position, 4)][1:]),
+            "step_ms_by_target_length": [statistics.median(t[1:]) * 1e3 for t in per_step[position]],
+            "cache_mib_batch64_beam1": cache_bytes(decode_steps(model, src[:64], args.steps, 1)) / 2**20,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+    rel, ab = report["relative"], report["absolute"]
+    report["relative_over_absolute"] = {
+        "greedy_time": ab["greedy_sentences_per_s"] / rel["greedy_sentences_per_s"],
+        "beam4_time": ab["beam4_sentences_per_s"] / rel["beam4_sentences_per_s"],
+        "step_time_first_10": statistics.mean(rel["step_ms_by_target_length"][:10])
+        / statistics.mean(ab["step_ms_by_target_length"][:10]),
+        "step_time_last_10": statistics.mean(rel["step_ms_by_target_length"][-10:])
+        / statistics.mean(ab["step_ms_by_target_length"][-10:]),
+        "cache_memory": rel["cache_mib_batch64_beam1"] / ab["cache_mib_batch64_beam1"],
+    }
+    for position in models:
+        r = report[position]
+        print(f"{position:8s} greedy {r['greedy_sentences_per_s']:7.1f} sent/s  beam4 {r['beam4_sentences_per_s']:7.1f} "
+              f"sent/s  step 1 {r['step_ms_by_target_length'][0]:.2f} ms, step {args.steps} "
+              f"{r['step_ms_by_target_length'][-1]:.2f} ms  cache {r['cache_mib_batch64_beam1']:.1f} MiB")
+    print("relative / absolute:", {k: round(v, 3) for k, v in report["relative_over_absolute"].items()})
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -86,8 +86,22 @@ def load_script(name: str):
 
 
 def python(*args: str, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """A child Python (nmt.train, pytest): its output goes to the stage's log as it comes."""
+    """A child Python (nmt.train): its output goes to the stage's log as it comes."""
     return subprocess.run([sys.executable, *args], cwd=ROOT, timeout=timeout, env=env)
+
+
+def streamed(args: list[str], copy: Path, env: dict | None = None) -> tuple[int, list[str]]:
+    """A child Python whose output goes to the stage's log line by line (kept if the stage is killed) and to
+    `copy`; returns its exit code and its lines."""
+    lines = []
+    with open(copy, "w") as kept, subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, text=True,
+                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as child:
+        for line in child.stdout:
+            print(line, end="", flush=True)
+            kept.write(line)
+            kept.flush()
+            lines.append(line.rstrip("\n"))
+    return child.returncode, lines
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -392,16 +406,13 @@ def tests(a: Answers, dry: bool, work: Path) -> None:
         raise RuntimeError("pytest is not importable: scripts/gpu_wheels.sh puts its wheels in .whl/")
     files = ["tests/test_kernels.py", "tests/test_attention.py", "tests/test_kernel_dispatch.py"]
     select = ["-k", "flop_counter or literal_equations"] if dry else []
-    report = work / "pytest.txt"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE", *files, *select],
-                          cwd=ROOT, capture_output=True, text=True)
-    report.write_text(done.stdout + done.stderr)
-    print(done.stdout[-6000:], done.stderr[-2000:], flush=True)
-    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()[-300:]
+    code, lines = streamed(["-m", "pytest", "-p", "no:cacheprovider", "-rfE", "-v", *files, *select],
+                           work / "pytest.txt")
+    tail = next((line for line in reversed(lines) if line.strip()), "no output")
     a["result"] = tail
-    a["failed"] = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    a["failed"] = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
     a["headline"] = f"{' '.join(files)}{' (a selection)' if dry else ''}: {tail}"
-    if done.returncode != 0:
+    if code != 0:
         raise RuntimeError(f"pytest: {tail}")
 
 
@@ -416,14 +427,12 @@ def resources(a: Answers, dry: bool, work: Path) -> None:
     args = ["--arch", "90", "--only", "bfloat16 D=64 R=15 decode", "--jobs", "1"] if dry else \
         ["--jobs", str(os.cpu_count() or 1)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # ptxas, not the interpreter
-    done = subprocess.run([sys.executable, "-m", "nmt.kernels.resources", *args, "--output",
-                           str(work / "kernel_resources.json")], cwd=ROOT, capture_output=True, text=True, env=env)
-    (work / "kernel_resources.txt").write_text(done.stdout + done.stderr)
-    print(done.stdout[-4000:], done.stderr[-2000:], flush=True)
-    tail = (done.stdout.strip().splitlines() or [done.stderr.strip()[-300:]])[-1]
+    code, lines = streamed(["-m", "nmt.kernels.resources", *args, "--output", str(work / "kernel_resources.json")],
+                           work / "kernel_resources.txt", env)
+    tail = next((line for line in reversed(lines) if line.strip()), "no output")
     a["result"] = tail
     a["headline"] = tail
-    if done.returncode != 0:
+    if code != 0:
         raise RuntimeError(tail)
 
 

@@ -49,6 +49,18 @@ def load_script(name: str):
     return module
 
 
+def wait_for(predicate, seconds=120):
+    """Poll until predicate() holds (a run reaching an update, a file appearing); TimeoutError after `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError("not there in time")
+
+
 def multi30k_lines(split, lang, n):
     with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
         return [next(f).rstrip("\n") for _ in range(n)]

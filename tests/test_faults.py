@@ -20,7 +20,7 @@ from nmt.checkpoint import LAST, PREVIOUS, WEIGHTS, CheckpointError, load_checkp
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import DataError
 from nmt.train import EXIT_STOPPED, run
-from tests.conftest import ROOT, data_overrides, model_overrides
+from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 from tests.test_train import job
 
 # a plain torchrun launch, as users write their own: no environment variable to remember (restarted workers once
@@ -63,15 +63,6 @@ def uninterrupted(prepared, tmp_path_factory):
     result = finished(torchrun(*overrides(prepared, out)))
     assert result.returncode == 0, result.stderr[-3000:]
     return out / LAST
-
-
-def wait_for(predicate, seconds=120):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError("the run did not get there in time")
 
 
 def logged_update(out: Path, step: int) -> bool:

@@ -5,14 +5,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from nmt import decode
 from nmt.config import SearchConfig, model_overrides_suffix
-from tests.conftest import ROOT, data_overrides, model_overrides
+from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -22,15 +21,6 @@ def train_command(data, out: Path | None, *extra) -> list[str]:
                 "train.log_every=1", "train.save_every_steps=2", "train.device=cpu"]
     folder = [f"train.output_dir={out}"] if out is not None else []
     return [sys.executable, "-m", "nmt.train", *data_overrides(data), *model_overrides(), *settings, *folder, *extra]
-
-
-def wait_for(predicate, seconds=120):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise TimeoutError("not there in time")
 
 
 def test_a_second_job_on_a_running_jobs_folder_is_refused_and_a_killed_job_leaves_no_lock(prepared, tmp_path):

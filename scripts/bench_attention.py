@@ -7,7 +7,8 @@
    the PyTorch path (attention=torch), so the kernel's gain is measured side by side.
    Memory: bytes of activations the layer keeps for backward (deduplicated by storage).
 2. Whole models (tiny, base): one training step (forward, label-smoothed loss, backward),
-   position=relative vs position=absolute.
+   position=relative vs position=absolute, and relative with one edge table per layer (share_heads) and learned
+   absolute positions beside them.
 
     pip install --no-deps opennmt-py==3.5.1   # optional reference; skipped when missing
     python scripts/bench_attention.py [--repeats 20] [--threads 2] [--device cpu] [--dtype float32]
@@ -137,10 +138,13 @@ def model_steps(preset: str, device, dtype):
     src = torch.randint(4, 8000, (32, 48), device=device)
     tgt = torch.randint(4, 8000, (32, 49), device=device)
     steps = {}
-    for position in (Position.relative, Position.absolute):
+    variants = {"relative": replace(cfg, position=Position.relative),
+                "absolute": replace(cfg, position=Position.absolute),
+                "shared": replace(cfg, position=Position.relative, share_heads=True),  # one edge table per layer
+                "learned": replace(cfg, position=Position.learned)}
+    for name, variant in variants.items():
         torch.manual_seed(0)
-        model = Transformer(replace(cfg, position=position), 8000,
-                            AttentionBackend("auto")).to(device=device, dtype=dtype)
+        model = Transformer(variant, 8000, AttentionBackend("auto")).to(device=device, dtype=dtype)
 
         def step(model=model, backward=True):
             logits = model(src, tgt[:, :-1])
@@ -148,7 +152,7 @@ def model_steps(preset: str, device, dtype):
             if backward:
                 loss.backward()
 
-        steps[position.value] = step
+        steps[name] = step
     return steps
 
 
@@ -211,12 +215,16 @@ def main():
                   f"{row['torch_path_over_sdpa']:.3f} x sdpa, memory {mem['ours_torch'] / mem['sdpa']:.3f} x sdpa)")
 
     print(f"\nwhole model training step (batch 32 x 48 tokens), median of {args.model_repeats}")
-    print("preset  relative ms  absolute ms  rel/abs")
+    print("preset  relative ms  absolute ms  shared ms  learned ms  rel/abs  shared/rel  learned/abs")
     for preset in ("tiny", "base"):
         t = time_interleaved(model_steps(preset, device, dtype), args.model_repeats, device)
         ratio = t["relative"] / t["absolute"]
-        report["model"].append({"preset": preset, "ms": {k: v * 1e3 for k, v in t.items()}, "rel_over_abs": ratio})
-        print(f"{preset:6s} {t['relative'] * 1e3:12.1f} {t['absolute'] * 1e3:12.1f} {ratio:8.3f}")
+        report["model"].append({"preset": preset, "ms": {k: v * 1e3 for k, v in t.items()}, "rel_over_abs": ratio,
+                                "shared_over_rel": t["shared"] / t["relative"],
+                                "learned_over_abs": t["learned"] / t["absolute"]})
+        print(f"{preset:6s} {t['relative'] * 1e3:12.1f} {t['absolute'] * 1e3:12.1f} {t['shared'] * 1e3:10.1f} "
+              f"{t['learned'] * 1e3:11.1f} {ratio:8.3f} {t['shared'] / t['relative']:11.3f} "
+              f"{t['learned'] / t['absolute']:12.3f}")
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n")

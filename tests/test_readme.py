@@ -69,19 +69,31 @@ RULES = [
 
 
 def readme_commands(text: str) -> list[str]:
-    """The README's commands in order, each once: ```sh block lines (comments cut) and inline command spans."""
-    commands, in_sh, fence = [], False, re.compile(r"^\s*```(\w*)")
+    """The README's commands in order, each once: ```sh block lines (comments cut) and inline command spans (read
+    per paragraph, so a span wrapped over two lines is one command)."""
+    commands, in_block, paragraph, fence = [], None, [], re.compile(r"^\s*```(\w*)")
+
+    def inline_spans():
+        spans = re.findall(r"`([^`]+)`", " ".join(paragraph))
+        paragraph.clear()
+        return [" ".join(span.split()) for span in spans if COMMAND.match(span.strip()) and " " in span.strip()]
+
     for line in text.splitlines():
         opened = fence.match(line)
         if opened:
-            in_sh = not in_sh and opened.group(1) == "sh"
+            commands += inline_spans()
+            in_block = None if in_block is not None else opened.group(1)
             continue
-        if in_sh:
+        if in_block == "sh":
             command = " ".join(re.sub(r"\s+#.*$", "", line).split())
             if COMMAND.match(command):
                 commands.append(command)
-            continue
-        commands += [span for span in re.findall(r"`([^`]+)`", line) if COMMAND.match(span) and " " in span]
+        elif in_block is None:
+            if line.strip():
+                paragraph.append(line.strip())
+            else:
+                commands += inline_spans()
+    commands += inline_spans()
     return list(dict.fromkeys(commands))
 
 

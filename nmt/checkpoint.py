@@ -153,6 +153,23 @@ def lock_folder(out: Path):
     return handle
 
 
+def hold_folder(env: Env, out: Path):
+    """This job's hold on its output folder (rank 0 takes the lock; the other ranks hold nothing): a context to keep
+    for the whole run. Every rank raises the same CheckpointError when rank 0 could not take it, so no rank waits in
+    a collective for one that stopped."""
+    refused, held = None, contextlib.nullcontext()
+    if env.main:
+        try:
+            held = lock_folder(out)
+        except CheckpointError as err:
+            refused = err
+    if env.world_size > 1 and broadcast_flag(env, refused is not None):
+        refused = refused or CheckpointError(f"rank 0 could not lock {out}")
+    if refused is not None:
+        raise refused
+    return held
+
+
 def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> None:
     """Resuming continues the run in the folder: refused (CheckpointError naming the fields) when this job's model
     (plain fields) or vocabulary is another one than the folder's run; its weights would not load."""

@@ -23,7 +23,7 @@ from nmt.checkpoint import (
     Checkpointer,
     CheckpointError,
     check_same_model,
-    lock_folder,
+    hold_folder,
     numbered_checkpoints,
     rank_rng,
     write_average,
@@ -42,7 +42,6 @@ from nmt.runtime import (
     Env,
     autocast,
     autocast_dtype,
-    broadcast_flag,
     parallelize,
     rank0_first,
     rng_state,
@@ -278,20 +277,14 @@ def run(job: TrainJob) -> Path:
     job.check()
     env = setup_env(job.train.device, job.train.threads)
     out = Path(job.train.output_dir)
-    with contextlib.ExitStack() as held:
-        refused = None
-        try:
-            if env.main:  # before anything is written there, the log included
-                held.enter_context(lock_folder(out))
-        except CheckpointError as err:
-            refused = err
-        if env.world_size > 1 and broadcast_flag(env, refused is not None):  # every rank stops, not only rank 0
-            refused = refused or CheckpointError(f"rank 0 could not lock {out}")
-        if refused is not None:
-            if env.world_size > 1:
-                dist.destroy_process_group()
-            setup_logging(None, env.main)  # to stderr: the folder's train.log is the other job's
-            raise refused
+    try:
+        held = hold_folder(env, out)  # before anything is written there, the log included
+    except CheckpointError:
+        if env.world_size > 1:
+            dist.destroy_process_group()
+        setup_logging(None, env.main)  # to stderr: the folder's train.log is the other job's
+        raise
+    with held:
         setup_logging(out, env.main)
         try:
             rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date

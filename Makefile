@@ -114,6 +114,7 @@ length-study: install
 plots: install
 	$(PY) scripts/results_table.py --readme README.md
 	$(PY) scripts/plot_curves.py table1 table2 table3 length
+	$(PY) scripts/length_positions.py
 
 # The fused kernel compiled for sm_90 and sm_80 without a GPU: fails on register spills or shared memory over the limit.
 check-kernels: install

@@ -33,12 +33,13 @@ REFERENCE = {
     "table1": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute"},
     "table2": {f"k{k}": "k16" for k in (0, 1, 2, 4, 64)},
     "table3": {"key": "key+value", "value": "key+value", "neither": "key+value"},
-    "length": {"relative": "absolute"},
+    "length": {"relative": "absolute", "learned": ("absolute", "relative")},
     "beyond": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute", "en-de.shared": "en-de.relative",
                **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then relative
                   for pair in ("en-de", "en-fr") for row in ("learned", "both")}},
 }
-ORDER = {"beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
+ORDER = {"length": ["absolute", "relative", "learned"],
+         "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
 

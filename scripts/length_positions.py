@@ -1,0 +1,97 @@
+"""The length study's positions: which test sentences reach past the positions seen in training.
+
+    python scripts/length_positions.py [--results results] [--output results/length/positions.md]
+
+The length study trains on sources of at most 12 words, so a learned position table (model.position=learned) has
+rows that no training sentence reached: they keep their random initialization. This counts, per source-length
+bucket of test_2016_flickr, the sources longer than the longest training source (in subword tokens) and, for each
+row of results/length, the hypotheses longer than the longest training target; and it scores each row on the
+sentences whose source or hypothesis reaches past training (sacreBLEU, mean over seeds). Reads the prepared
+folder of the study (prepared here if missing, a few seconds) for the vocabulary and the training lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from results_table import LENGTH_BUCKETS, load_runs, mean_std, test_lines  # noqa: E402
+
+from nmt.data.pipeline import open_prepared, prepare  # noqa: E402
+from nmt.data.vocab import Vocab  # noqa: E402
+from nmt.experiment import compose_job  # noqa: E402
+
+
+def bucket_name(lo: int, hi: int) -> str:
+    return f"{lo}–{hi}" if hi < 999 else f"≥ {lo}"
+
+
+def report(results: Path) -> str:
+    from sacrebleu.metrics import BLEU
+
+    job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "+experiment=length", "train.output_dir=-"])
+    prepare(job.data)
+    prepared = open_prepared(job.data)
+    vocab = Vocab(model_proto=prepared.spm_model)
+    longest_src, longest_tgt = int(prepared.train.src_lengths.max()), int(prepared.train.tgt_lengths.max())
+    sources, refs = test_lines("en"), test_lines("de")
+    src_tokens = [len(ids) for ids in vocab.encode(sources)]
+    buckets = [[i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi] for lo, hi in LENGTH_BUCKETS]
+    rows = load_runs(results, "length")
+    # Positions counted as the model sees them: the source with its EOS, the decoder input with its BOS.
+    lines = [f"Longest training pair ({len(prepared.train):,} pairs, sources of at most {job.data.max_src_words} "
+             f"words): {longest_src} source and {longest_tgt} target tokens, so encoder positions 0–{longest_src} "
+             f"and decoder positions 0–{longest_tgt} were trained; a learned table's later rows never were.", "",
+             "| source words | " + " | ".join(bucket_name(*b) for b in LENGTH_BUCKETS) + " |",
+             "|---|" + "---|" * len(buckets),
+             "| sentences | " + " | ".join(str(len(b)) for b in buckets) + " |",
+             "| sources past training | " + " | ".join(str(sum(src_tokens[i] > longest_src for i in b))
+                                                    for b in buckets) + " |"]
+    past: dict[str, list[list[int]]] = {}
+    for name, seeds in rows.items():
+        per_seed = []
+        for seed in sorted(seeds):
+            hyp_tokens = [len(ids) for ids in vocab.encode(seeds[seed]["hyps"])]
+            per_seed.append([i for i in range(len(sources))
+                             if src_tokens[i] > longest_src or hyp_tokens[i] > longest_tgt])
+            seeds[seed]["long_hyps"] = {i for i in range(len(sources)) if hyp_tokens[i] > longest_tgt}
+        past[name] = per_seed
+        counts = [statistics.mean(sum(i in seeds[s]["long_hyps"] for i in b) for s in seeds) for b in buckets]
+        lines.append(f"| {name}: hypotheses past training (mean over {len(seeds)} seeds) | "
+                     + " | ".join(f"{c:g}" for c in counts) + " |")
+    lines += ["", "sacreBLEU on the sentences whose source or hypothesis (of that row and seed) reaches past the "
+                  "trained positions, and on the rest:", "",
+              "| row | seeds | sentences past training | BLEU past training | BLEU on the rest |", "|---|---|---|---|---|"]
+    for name, seeds in rows.items():
+        past_scores, rest_scores, sizes = [], [], []
+        for seed, subset in zip(sorted(seeds), past[name]):
+            chosen = set(subset)
+            rest = [i for i in range(len(sources)) if i not in chosen]
+            hyps = seeds[seed]["hyps"]
+            sizes.append(len(subset))
+            past_scores.append(BLEU().corpus_score([hyps[i] for i in subset], [[refs[i] for i in subset]]).score)
+            rest_scores.append(BLEU().corpus_score([hyps[i] for i in rest], [[refs[i] for i in rest]]).score)
+        lines.append(f"| {name} | {len(seeds)} | {statistics.mean(sizes):g} | {mean_std(past_scores)} | "
+                     f"{mean_std(rest_scores)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=ROOT / "results")
+    parser.add_argument("--output", type=Path, default=ROOT / "results" / "length" / "positions.md")
+    args = parser.parse_args()
+    text = report(args.results)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

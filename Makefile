@@ -113,7 +113,7 @@ length-study: install
 # README tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
 plots: install
 	$(PY) scripts/results_table.py --readme README.md
-	$(PY) scripts/plot_curves.py table1 table2 table3 length
+	$(PY) scripts/plot_curves.py table1 table2 table3 length beyond
 	$(PY) scripts/length_positions.py
 
 # The fused kernel compiled for sm_90 and sm_80 without a GPU: fails on register spills or shared memory over the limit.

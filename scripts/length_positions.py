@@ -1,6 +1,7 @@
 """The length study's positions: which test sentences reach past the positions seen in training.
 
     python scripts/length_positions.py [--results results] [--output results/length/positions.md]
+    python scripts/length_positions.py --rows outputs/sweep/length/learned/seed1/averaged.pt   # -> learned_rows.md
 
 The length study trains on sources of at most 12 words, so a learned position table (model.position=learned) has
 rows that no training sentence reached: they keep their random initialization. This counts, per source-length
@@ -8,6 +9,9 @@ bucket of test_2016_flickr, the sources longer than the longest training source 
 row of results/length, the hypotheses longer than the longest training target; and it scores each row on the
 sentences whose source or hypothesis reaches past training (sacreBLEU, mean over seeds). Reads the prepared
 folder of the study (prepared here if missing, a few seconds) for the vocabulary and the training lengths.
+
+With --rows, instead: the norms of a learned-positions checkpoint's table rows by position, beside the number of
+training sentences that reach each position (rows never reached keep their initial norm, about 1).
 """
 
 from __future__ import annotations
@@ -31,12 +35,44 @@ def bucket_name(lo: int, hi: int) -> str:
     return f"{lo}–{hi}" if hi < 999 else f"≥ {lo}"
 
 
+def study_data():
+    job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "+experiment=length", "train.output_dir=-"])
+    prepare(job.data)
+    return job, open_prepared(job.data)
+
+
+def row_norms(checkpoint: Path) -> str:
+    """Mean L2 norm of the position rows in spans of positions, and the training sentences reaching the span."""
+    import torch
+
+    from nmt.checkpoint import load_checkpoint
+
+    weights = load_checkpoint(checkpoint)["model"]
+    if "encoder_positions.weight" not in weights:
+        raise SystemExit(f"{checkpoint}: no learned position table (trained with model.position=learned?)")
+    _, prepared = study_data()
+    # Positions as the model sees them: the source with its EOS, the decoder input with its BOS.
+    lengths = {"encoder": prepared.train.src_lengths + 1, "decoder": prepared.train.tgt_lengths + 1}
+    token_norm = (weights["embed.weight"].float().norm(dim=1) * weights["embed.weight"].shape[1] ** 0.5).mean()
+    lines = [f"{checkpoint}: position rows against the token embeddings (as scaled in the model: mean norm "
+             f"{token_norm:.1f}); a row starts at norm about 1 (N(0, 1/d)).", "",
+             "| positions | encoder row norm | training sources reaching the first | decoder row norm | training targets "
+             "reaching the first |",
+             "|---|---|---|---|---|"]
+    table_size = weights["encoder_positions.weight"].shape[0]
+    for lo, hi in ((0, 9), (10, 14), (15, 19), (20, 24), (25, 29), (30, 34), (35, 39), (40, table_size - 1)):
+        cells = []
+        for side in ("encoder", "decoder"):
+            norms = weights[f"{side}_positions.weight"][lo : hi + 1].float().norm(dim=1)
+            cells += [f"{torch.mean(norms):.2f}", f"{int((lengths[side] > lo).sum()):,}"]
+        lines.append(f"| {lo}–{hi} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(results: Path) -> str:
     from sacrebleu.metrics import BLEU
 
-    job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "+experiment=length", "train.output_dir=-"])
-    prepare(job.data)
-    prepared = open_prepared(job.data)
+    job, prepared = study_data()
     vocab = Vocab(model_proto=prepared.spm_model)
     longest_src, longest_tgt = int(prepared.train.src_lengths.max()), int(prepared.train.tgt_lengths.max())
     sources, refs = test_lines("en"), test_lines("de")
@@ -84,9 +120,11 @@ def report(results: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=ROOT / "results")
-    parser.add_argument("--output", type=Path, default=ROOT / "results" / "length" / "positions.md")
+    parser.add_argument("--rows", type=Path, metavar="CHECKPOINT", help="a learned-positions checkpoint's row norms")
+    parser.add_argument("--output", type=Path, help="default: results/length/positions.md, or learned_rows.md")
     args = parser.parse_args()
-    text = report(args.results)
+    text = row_norms(args.rows) if args.rows else report(args.results)
+    args.output = args.output or ROOT / "results" / "length" / ("learned_rows.md" if args.rows else "positions.md")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")
     print(text)

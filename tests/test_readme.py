@@ -56,6 +56,7 @@ RULES = [
     (r"^python scripts/checkpoint_disk.py$", " --presets base --vocab-size 1000"),
     (r"^python scripts/sweep.py ", " --dry-run"),
     (r"^python scripts/reach.py --report", ""),
+    (r"^python scripts/length_positions.py --rows", "skip: reads make length-study's checkpoints (hours on a CPU)"),
     (r"^python scripts/reach.py", " --layers 1 --clips 3 --seeds 9 --updates 5 --jobs 1"),
     (r"^python scripts/bench_decode_cost.py", " --sentences 16 --steps 5 --repeats 1"),
     (r"^make (table1|table2|table3|beyond|length-study)", f"skip: {HOURS}"),

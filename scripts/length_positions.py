@@ -24,15 +24,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from results_table import LENGTH_BUCKETS, load_runs, mean_std, test_lines  # noqa: E402
+from results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines  # noqa: E402
 
+from nmt.checkpoint import CheckpointError  # noqa: E402
 from nmt.data.pipeline import open_prepared, prepare  # noqa: E402
 from nmt.data.vocab import Vocab  # noqa: E402
 from nmt.experiment import compose_job  # noqa: E402
-
-
-def bucket_name(lo: int, hi: int) -> str:
-    return f"{lo}–{hi}" if hi < 999 else f"≥ {lo}"
 
 
 def study_data():
@@ -60,7 +57,8 @@ def row_norms(checkpoint: Path) -> str:
              "reaching the first |",
              "|---|---|---|---|---|"]
     table_size = weights["encoder_positions.weight"].shape[0]
-    for lo, hi in ((0, 9), (10, 14), (15, 19), (20, 24), (25, 29), (30, 34), (35, 39), (40, table_size - 1)):
+    spans = ((0, 9), (10, 14), (15, 19), (20, 24), (25, 29), (30, 34), (35, 39), (40, table_size - 1))
+    for lo, hi in ((lo, min(hi, table_size - 1)) for lo, hi in spans if lo < table_size):
         cells = []
         for side in ("encoder", "decoder"):
             norms = weights[f"{side}_positions.weight"][lo : hi + 1].float().norm(dim=1)
@@ -83,37 +81,31 @@ def report(results: Path) -> str:
     lines = [f"Longest training pair ({len(prepared.train):,} pairs, sources of at most {job.data.max_src_words} "
              f"words): {longest_src} source and {longest_tgt} target tokens, so encoder positions 0–{longest_src} "
              f"and decoder positions 0–{longest_tgt} were trained; a learned table's later rows never were.", "",
-             "| source words | " + " | ".join(bucket_name(*b) for b in LENGTH_BUCKETS) + " |",
+             "| source words | " + " | ".join(bucket_label(*b) for b in LENGTH_BUCKETS) + " |",
              "|---|" + "---|" * len(buckets),
              "| sentences | " + " | ".join(str(len(b)) for b in buckets) + " |",
              "| sources past training | " + " | ".join(str(sum(src_tokens[i] > longest_src for i in b))
                                                     for b in buckets) + " |"]
-    past: dict[str, list[list[int]]] = {}
+    long_hyp_rows, score_rows = [], []
     for name, seeds in rows.items():
-        per_seed = []
+        long_hyp_counts, past_scores, rest_scores, sizes = [], [], [], []
         for seed in sorted(seeds):
-            hyp_tokens = [len(ids) for ids in vocab.encode(seeds[seed]["hyps"])]
-            per_seed.append([i for i in range(len(sources))
-                             if src_tokens[i] > longest_src or hyp_tokens[i] > longest_tgt])
-            seeds[seed]["long_hyps"] = {i for i in range(len(sources)) if hyp_tokens[i] > longest_tgt}
-        past[name] = per_seed
-        counts = [statistics.mean(sum(i in seeds[s]["long_hyps"] for i in b) for s in seeds) for b in buckets]
-        lines.append(f"| {name}: hypotheses past training (mean over {len(seeds)} seeds) | "
-                     + " | ".join(f"{c:g}" for c in counts) + " |")
-    lines += ["", "sacreBLEU on the sentences whose source or hypothesis (of that row and seed) reaches past the "
-                  "trained positions, and on the rest:", "",
-              "| row | seeds | sentences past training | BLEU past training | BLEU on the rest |", "|---|---|---|---|---|"]
-    for name, seeds in rows.items():
-        past_scores, rest_scores, sizes = [], [], []
-        for seed, subset in zip(sorted(seeds), past[name]):
-            chosen = set(subset)
-            rest = [i for i in range(len(sources)) if i not in chosen]
             hyps = seeds[seed]["hyps"]
-            sizes.append(len(subset))
-            past_scores.append(BLEU().corpus_score([hyps[i] for i in subset], [[refs[i] for i in subset]]).score)
+            hyp_tokens = [len(ids) for ids in vocab.encode(hyps)]
+            long_hyp_counts.append([sum(hyp_tokens[i] > longest_tgt for i in b) for b in buckets])
+            past = [i for i in range(len(sources)) if src_tokens[i] > longest_src or hyp_tokens[i] > longest_tgt]
+            rest = sorted(set(range(len(sources))) - set(past))
+            sizes.append(len(past))
+            past_scores.append(BLEU().corpus_score([hyps[i] for i in past], [[refs[i] for i in past]]).score)
             rest_scores.append(BLEU().corpus_score([hyps[i] for i in rest], [[refs[i] for i in rest]]).score)
-        lines.append(f"| {name} | {len(seeds)} | {statistics.mean(sizes):g} | {mean_std(past_scores)} | "
-                     f"{mean_std(rest_scores)} |")
+        long_hyp_rows.append(f"| {name}: hypotheses past training (mean over {len(seeds)} seeds) | "
+                             + " | ".join(f"{statistics.mean(c):g}" for c in zip(*long_hyp_counts)) + " |")
+        score_rows.append(f"| {name} | {len(seeds)} | {statistics.mean(sizes):g} | {mean_std(past_scores)} | "
+                          f"{mean_std(rest_scores)} |")
+    lines += long_hyp_rows + ["", "sacreBLEU on the sentences whose source or hypothesis (of that row and seed) "
+                                  "reaches past the trained positions, and on the rest:", "",
+                              "| row | seeds | sentences past training | BLEU past training | BLEU on the rest |",
+                              "|---|---|---|---|---|"] + score_rows
     return "\n".join(lines)
 
 
@@ -123,7 +115,10 @@ def main() -> int:
     parser.add_argument("--rows", type=Path, metavar="CHECKPOINT", help="a learned-positions checkpoint's row norms")
     parser.add_argument("--output", type=Path, help="default: results/length/positions.md, or learned_rows.md")
     args = parser.parse_args()
-    text = row_norms(args.rows) if args.rows else report(args.results)
+    try:
+        text = row_norms(args.rows) if args.rows else report(args.results)
+    except CheckpointError as err:  # missing, truncated or not a checkpoint: one line, no traceback
+        raise SystemExit(f"error: {err}") from None
     args.output = args.output or ROOT / "results" / "length" / ("learned_rows.md" if args.rows else "positions.md")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text + "\n", encoding="utf-8")

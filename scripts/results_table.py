@@ -106,13 +106,17 @@ def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> st
     return "\n".join(lines)
 
 
+def bucket_label(lo: int, hi: int) -> str:
+    return f"{lo}–{hi}" if hi < 999 else f"≥ {lo}"
+
+
 def length_table(rows: dict[str, dict[int, dict]]) -> str:
     """sacreBLEU by source length (words) of test_2016_flickr, mean over seeds."""
     from sacrebleu.metrics import BLEU
 
     sources, refs = test_lines("en"), test_lines("de")
     buckets = [[i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi] for lo, hi in LENGTH_BUCKETS]
-    head = " | ".join(f"{lo}–{hi}" if hi < 999 else f"≥ {lo}" for lo, hi in LENGTH_BUCKETS)
+    head = " | ".join(bucket_label(lo, hi) for lo, hi in LENGTH_BUCKETS)
     lines = [f"| row | seeds | {head} |", "|---|---|" + "---|" * len(buckets),
              "| sentences | | " + " | ".join(str(len(b)) for b in buckets) + " |"]
     for name, seeds in rows.items():

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from nmt.kernels import torch_attention
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.kernels.window import EdgeWindow, relative_buckets  # noqa: F401 (relative_buckets: part of the API)
+from nmt.positions import NO_POSITIONS, Rotation, StackPositions, rotate
 
 
 def relation_aware_attention(
@@ -106,8 +107,10 @@ class MultiHeadAttention(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.heads, self.d_head).transpose(1, 2)  # (B, H, N, D)
 
-    def project_kv(self, x: Tensor) -> KV:
-        return KV(self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x)))
+    def project_kv(self, x: Tensor, rotation: Rotation | None = None) -> KV:
+        """K and V of x (B, N, d_model); rotation: rotary angles of x's positions (the cache keeps rotated keys)."""
+        k = self.split_heads(self.k_proj(x))
+        return KV(k if rotation is None else rotate(k, rotation), self.split_heads(self.v_proj(x)))
 
     def self_attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         """x (B, N, d_model) attending to itself: alpha (B, H, N, N), for analysis (eval mode, no dropout)."""
@@ -122,13 +125,23 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         causal: bool = False,
         q_offset: int = 0,
+        positions: StackPositions = NO_POSITIONS,
     ) -> Tensor:
-        """x (B, Nq, d_model) attends to precomputed kv -> (B, Nq, d_model)."""
+        """x (B, Nq, d_model) attends to precomputed kv -> (B, Nq, d_model).
+
+        positions: what the stack's position scheme built for this forward (nmt/positions.py): rotary angles for
+        the queries, or an additive bias that already holds the padding and causal masks."""
         q = self.split_heads(self.q_proj(x))  # (B, H, Nq, D)
-        z = relation_aware_attention(
-            q, kv.k, kv.v, self.rel_k, self.rel_v, self.clip or 0,
-            key_padding_mask=key_padding_mask, causal=causal, q_offset=q_offset,
-            dropout_p=self.dropout if self.training else 0.0, backend=self.backend,
-        )
+        if positions.rotation is not None:
+            q = rotate(q, positions.rotation)
+        dropout_p = self.dropout if self.training else 0.0
+        if positions.bias is not None:  # T5, ALiBi: SDPA's fused kernels take the bias as attn_mask
+            z = torch_attention.sdpa(q, kv.k, kv.v, positions.bias, None, positions.empty_rows, dropout_p)
+        else:
+            z = relation_aware_attention(
+                q, kv.k, kv.v, self.rel_k, self.rel_v, self.clip or 0,
+                key_padding_mask=key_padding_mask, causal=causal, q_offset=q_offset,
+                dropout_p=dropout_p, backend=self.backend,
+            )
         b, _, n, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))  # (B, Nq, d_model)

@@ -32,6 +32,10 @@ class Position(str, Enum):
     learned = "learned"  # learned absolute embeddings, one table each for encoder and decoder (BERT, fairseq's
     # --encoder-learned-pos): a row per position up to max_positions; rows past the longest training sentence stay
     # at their random initialization
+    # Shaw's descendants, in self-attention only like relative (nothing at the input; nmt/positions.py):
+    t5 = "t5"  # Raffel et al. 2020: a learned logit per (bucket of j - i, head), one table per stack
+    alibi = "alibi"  # Press et al. 2022: the logit -m_h |i - j| (symmetric in the encoder), no parameters
+    rope = "rope"  # Su et al. 2021: q and k rotated by position (half-split layout, base 10,000), no parameters
 
 
 class Norm(str, Enum):
@@ -48,10 +52,13 @@ class ModelConfig:
     ffn_dim: int = 1024
     dropout: float = 0.1  # embeddings, residuals, attention probabilities and FFN hidden
     position: Position = Position.relative
+    # clip, rel_key, rel_value, share_heads: the edge tables of position=relative|both; other modes ignore them
     clip: int = 16  # k: relative distances are clipped to [-k, k]
     rel_key: bool = True  # a^K (Eq. 4)
     rel_value: bool = True  # a^V (Eq. 3)
     share_heads: bool = False  # one edge table per layer (big) instead of per layer and head (base)
+    t5_buckets: int = 32  # position=t5: buckets of j - i (each direction gets half in the encoder), as T5
+    t5_max_distance: int = 128  # position=t5: distances from here on share the last bucket, as T5
     norm: Norm = Norm.pre
     max_positions: int = 1024  # longest sequence the position table covers (absolute, both, learned)
 
@@ -67,6 +74,13 @@ class ModelConfig:
         require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         require(self.clip >= 0, "model.clip", self.clip, ">= 0")
         require(self.max_positions >= 1, "model.max_positions", self.max_positions, ">= 1")
+        require(self.t5_buckets >= 4 and self.t5_buckets % 2 == 0, "model.t5_buckets", self.t5_buckets,
+                "an even number >= 4 (the encoder splits them between the two directions)")
+        require(self.t5_max_distance > self.t5_buckets // 2, "model.t5_max_distance", self.t5_max_distance,
+                f"> model.t5_buckets / 2 = {self.t5_buckets // 2} (where the logarithmic buckets begin)")
+        if self.position == Position.rope:
+            require((self.d_model // self.heads) % 2 == 0, "model.d_model", self.d_model,
+                    f"a multiple of 2 x model.heads={self.heads} for position=rope (it rotates pairs of dimensions)")
         return self
 
 

@@ -12,16 +12,7 @@ from nmt.attention import KV, MultiHeadAttention
 from nmt.config import ModelConfig, Norm, Position
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
 from nmt.kernels.dispatch import AttentionBackend
-
-
-def sinusoids(n: int, d: int, offset: int = 0) -> Tensor:
-    """Vaswani et al. 2017 sinusoidal encodings for positions offset..offset+n-1 -> (n, d)."""
-    pos = torch.arange(offset, offset + n, dtype=torch.float32)[:, None]
-    inv_freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
-    table = torch.zeros(n, d)
-    table[:, 0::2] = torch.sin(pos * inv_freq)
-    table[:, 1::2] = torch.cos(pos * inv_freq[: d // 2])
-    return table
+from nmt.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, sinusoids  # noqa: F401 (sinusoids)
 
 
 class FeedForward(nn.Sequential):
@@ -43,6 +34,28 @@ class Sublayer(nn.Module):
         return self.norm(x + self.dropout(fn(x)))
 
 
+def self_attention_positions(cfg: ModelConfig, causal: bool) -> nn.Module | None:
+    """The one switch over the self-attention schemes of nmt/positions.py: what a stack (encoder: causal=False)
+    builds once per forward for its layers; None for the modes whose positions are edge tables or at the input."""
+    if cfg.position == Position.t5:
+        return T5Bias(cfg.heads, cfg.t5_buckets, cfg.t5_max_distance, causal)
+    if cfg.position == Position.alibi:
+        return ALiBi(cfg.heads, causal)
+    if cfg.position == Position.rope:
+        return Rotary(cfg.d_model // cfg.heads)
+    return None
+
+
+def stack_positions(scheme: nn.Module | None, x: Tensor, nk: int, q_offset: int,
+                    key_padding_mask: Tensor | None = None) -> StackPositions:
+    """scheme's positions for x (B, Nq, d) at q_offset.. against keys 0..nk-1, in the dtype attention runs in."""
+    if scheme is None:
+        return NO_POSITIONS
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    return scheme(x.shape[1], nk, q_offset, key_padding_mask, x.device, dtype)
+
+
 def _self_attention(cfg: ModelConfig, backend: AttentionBackend | None) -> MultiHeadAttention:
     relative = cfg.position in (Position.relative, Position.both)
     return MultiHeadAttention(
@@ -58,8 +71,10 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout)
         self.attn_block, self.ffn_block = (Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(2))
 
-    def forward(self, x: Tensor, pad: Tensor) -> Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, self.self_attn.project_kv(h), key_padding_mask=pad))
+    def forward(self, x: Tensor, pad: Tensor, positions: StackPositions = NO_POSITIONS) -> Tensor:
+        attn = self.self_attn
+        x = self.attn_block(x, lambda h: attn(h, attn.project_kv(h, positions.rotation), key_padding_mask=pad,
+                                              positions=positions))
         return self.ffn_block(x, self.ffn)
 
 
@@ -86,17 +101,18 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout)
         self.blocks = nn.ModuleList(Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(3))
 
-    def forward(self, x: Tensor, cache: LayerCache, src_pad: Tensor, step: int) -> tuple[Tensor, LayerCache]:
+    def forward(self, x: Tensor, cache: LayerCache, src_pad: Tensor, step: int,
+                positions: StackPositions = NO_POSITIONS) -> tuple[Tensor, LayerCache]:
         """x (B, Nt, d) at positions step..step+Nt-1; returns the output and the extended cache."""
         new_self_kv = None
 
         def self_attend(h):
             nonlocal new_self_kv
-            kv = self.self_attn.project_kv(h)
+            kv = self.self_attn.project_kv(h, positions.rotation)
             if cache.self_kv is not None:
                 kv = KV(torch.cat([cache.self_kv.k, kv.k], 2), torch.cat([cache.self_kv.v, kv.v], 2))
             new_self_kv = kv
-            return self.self_attn(h, kv, causal=True, q_offset=step)
+            return self.self_attn(h, kv, causal=True, q_offset=step, positions=positions)
 
         x = self.blocks[0](x, self_attend)
         x = self.blocks[1](x, lambda h: self.cross_attn(h, cache.cross_kv, key_padding_mask=src_pad))
@@ -128,6 +144,9 @@ class Transformer(nn.Module):
                                                               for _ in range(2))
             for table in (self.encoder_positions, self.decoder_positions):
                 nn.init.normal_(table.weight, 0.0, cfg.d_model**-0.5)
+        # t5, alibi, rope: built once per forward for each stack's self-attention layers
+        self.encoder_self_positions = self_attention_positions(cfg, causal=False)
+        self.decoder_self_positions = self_attention_positions(cfg, causal=True)
 
     def _embed(self, tokens: Tensor, offset: int = 0, side: str = "encoder") -> Tensor:
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)  # (B, N, d)
@@ -146,8 +165,9 @@ class Transformer(nn.Module):
         """src (B, Ns) right-padded with PAD -> memory (B, Ns, d)."""
         pad = src.eq(PAD)
         x = self._embed(src)
+        positions = stack_positions(self.encoder_self_positions, x, src.shape[1], 0, pad)
         for layer in self.encoder:
-            x = layer(x, pad)
+            x = layer(x, pad, positions)
         return self.encoder_norm(x)
 
     def start(self, memory: Tensor, src: Tensor) -> DecoderCache:
@@ -162,9 +182,11 @@ class Transformer(nn.Module):
         decoding passes one token at a time. The input cache is never modified.
         """
         x = self._embed(tgt, cache.step, side="decoder")
+        # one row per new token against every key so far: a step of incremental decoding builds (1, Nk), not a square
+        positions = stack_positions(self.decoder_self_positions, x, cache.step + tgt.shape[1], cache.step)
         layers = []
         for layer, layer_cache in zip(self.decoder, cache.layers):
-            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step)
+            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions)
             layers.append(layer_cache)
         logits = self.decoder_norm(x) @ self.embed.weight.t()  # (B, Nt, V)
         return logits, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])

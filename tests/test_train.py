@@ -335,3 +335,27 @@ def test_non_finite_weights_are_never_saved(tmp_path, caplog):
     state = {"model": {"w": torch.tensor([1.0, float("nan")]), "steps": torch.tensor([2])}, "step": 8}
     assert not save_training_state(state, tmp_path, keep_last=2, resumable=7)
     assert load_checkpoint(tmp_path / LAST)["step"] == 7 and "update 8 not saved" in caplog.text
+
+
+@pytest.mark.parametrize("position", ["t5", "alibi", "rope"])
+def test_each_descendant_trains_validates_resumes_averages_and_translates(prepared, tmp_path, position):
+    from nmt.config import Position, SearchConfig
+    from nmt.decode import load_translator, translate_lines
+
+    def mode_job(out, steps):
+        j = job(prepared, out, max_steps=steps, valid_every=2, valid_bleu_sentences=4, average_last=2)
+        j.model = micro_config(position=Position(position), t5_buckets=8, t5_max_distance=16)
+        return j
+
+    run(mode_job(tmp_path / "straight", 4))
+    run(mode_job(tmp_path / "resumed", 2))
+    run(mode_job(tmp_path / "resumed", 4))
+    a, b = params(tmp_path / "straight" / LAST), params(tmp_path / "resumed" / LAST)
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    if position == "t5":
+        assert not torch.equal(a["encoder_self_positions.table"], torch.zeros(2, 8))  # the bias learns
+    model, vocab = load_translator(tmp_path / "straight" / "averaged.pt", torch.device("cpu"))
+    assert model.cfg.position == Position(position)
+    lines = ["A man rides a bike.", "", "Two dogs play in the snow."]
+    out = translate_lines(model, vocab, lines, SearchConfig(beam=2, max_extra=5))
+    assert len(out) == 3 and out[1] == ""

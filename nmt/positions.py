@@ -37,11 +37,6 @@ def sinusoids(n: int, d: int, offset: int = 0) -> Tensor:
     return table
 
 
-def relative_distance(nq: int, nk: int, q_offset: int, device) -> Tensor:
-    """(Nq, Nk) long: j - i for queries at q_offset..q_offset+Nq-1 and keys at 0..Nk-1."""
-    return torch.arange(nk, device=device)[None, :] - torch.arange(q_offset, q_offset + nq, device=device)[:, None]
-
-
 def t5_bucket(distance: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
     """T5's bucket of each relative distance j - i (Raffel et al. 2020, Mesh TensorFlow's
     _relative_position_bucket), a long tensor of distance's shape in [0, num_buckets).
@@ -114,6 +109,18 @@ class StackPositions:
 NO_POSITIONS = StackPositions()
 
 
+def toeplitz(by_distance: Tensor, nq: int, nk: int) -> Tensor:
+    """(..., Nq + Nk - 1) values for the distances j - i of relative_distances(nq, nk, ...), in order, ->
+    (..., Nq, Nk) with [i, j] the value of j - i: windows of the vector, so that a learned table's gradient
+    gathers from Nq + Nk - 1 entries, not from Nq x Nk."""
+    return by_distance.unfold(-1, nk, 1).flip(-2)
+
+
+def relative_distances(nq: int, nk: int, q_offset: int, device) -> Tensor:
+    """Every distance j - i between queries at q_offset..q_offset+Nq-1 and keys at 0..Nk-1, ascending: (Nq+Nk-1,)."""
+    return torch.arange(-(q_offset + nq - 1), nk - q_offset, device=device)
+
+
 class _AttentionBias(nn.Module):
     """A scheme that adds logits b_h(j - i) in self-attention: the masks folded in once per forward."""
 
@@ -121,12 +128,13 @@ class _AttentionBias(nn.Module):
         super().__init__()
         self.causal = causal
 
-    def logits(self, distance: Tensor) -> Tensor:  # (Nq, Nk) j - i -> (H, Nq, Nk) float32
+    def logits(self, distance: Tensor) -> Tensor:  # (R,) distances j - i -> (H, R) float32
         raise NotImplementedError
 
     def forward(self, nq: int, nk: int, q_offset: int, key_padding_mask: Tensor | None, device,
                 dtype) -> StackPositions:
-        bias = self.logits(relative_distance(nq, nk, q_offset, device)).to(dtype)[None]  # (1, H, Nq, Nk)
+        by_distance = self.logits(relative_distances(nq, nk, q_offset, device))  # (H, Nq + Nk - 1)
+        bias = toeplitz(by_distance.to(dtype), nq, nk)[None]  # (1, H, Nq, Nk): broadcast over the batch
         mask, empty_rows = attention_mask(nq, nk, key_padding_mask, self.causal, q_offset, device)
         if mask is not None:  # (B, H, Nq, Nk) only with padding: once per stack, shared by its layers
             bias = bias.masked_fill(mask, torch.finfo(dtype).min)
@@ -143,8 +151,7 @@ class T5Bias(_AttentionBias):
         self.table = nn.Parameter(torch.zeros(heads, num_buckets))  # (H, buckets)
 
     def logits(self, distance: Tensor) -> Tensor:
-        buckets = t5_bucket(distance, not self.causal, self.num_buckets, self.max_distance)
-        return self.table[:, buckets]  # (H, Nq, Nk)
+        return self.table[:, t5_bucket(distance, not self.causal, self.num_buckets, self.max_distance)]
 
 
 class ALiBi(_AttentionBias):
@@ -156,8 +163,7 @@ class ALiBi(_AttentionBias):
         self.heads = heads
 
     def logits(self, distance: Tensor) -> Tensor:
-        slopes = alibi_slopes(self.heads, distance.device)
-        return -slopes[:, None, None] * distance.abs()  # (H, Nq, Nk)
+        return -alibi_slopes(self.heads, distance.device)[:, None] * distance.abs()
 
 
 class Rotary(nn.Module):

@@ -48,21 +48,24 @@ class Stage:
 # one kernel variant, about 1 s (three kernels per case, 24 cases for base: the self-test); a cold inductor compile
 # of base for training, 40-60 s; a base update at 25k tokens, about 0.1 s.
 STAGES = (
-    Stage("inputs", 25, "1 process start + imports; a Multi30k prepare if absent (about 5 s on 16 cores)",
+    Stage("inputs", 20, "1 process start + imports; a Multi30k prepare if absent (about 5 s on 16 cores)",
           "wheels importable, versions, device, prepared data"),
-    Stage("kernel", 95, "1 process; 24 base cases self-tested cold (about 75 compiles) + 7 forced layer cases",
+    Stage("kernel", 85, "1 process; 24 base cases self-tested cold (about 75 compiles) + 7 forced layer cases",
           "kernel vs the PyTorch path on CUDA: heads 64/128/256 in bf16 and fp32, B*H > 65,535, a bf16 base "
           "step through auto vs torch, the self-test verdicts, registers and spills as the driver reports them"),
     Stage("trainer", 110, "2 process starts, self-test from the disk cache, 1 inductor compile, 150 base updates",
           "the real trainer (python -m nmt.train, base, relative, compiled): target tokens/s"),
-    Stage("layer", 35, "1 process; 3 lengths x 3 layers x 30 timed repeats of about 5 ms",
-          "one attention layer: fused kernel vs the PyTorch path vs SDPA, forward + backward"),
-    Stage("step", 110, "1 process; 2 eager + 2 compiled base configurations (2 inductor compiles), 20+20 steps "
-          "each, host syncs counted",
-          "base training step relative / absolute, eager and compiled; MFU; host syncs per update"),
-    Stage("decode", 40, "1 process; greedy + beam 4 on 500 sentences in fp32 and in bf16, 50 cached steps",
+    Stage("layer", 45, "1 process; 3 lengths x 3 layers x 30 timed repeats of about 5 ms; 2 lengths x 5 modes x 20; "
+          "2 base models under the memory-efficient kernel only",
+          "one attention layer: fused kernel vs the PyTorch path vs SDPA, forward + backward; every position mode "
+          "vs SDPA; t5 and alibi on SDPA's memory-efficient kernel"),
+    Stage("step", 125, "1 process; 2 eager + 2 compiled base configurations (2 inductor compiles), 20+20 steps "
+          "each, host syncs counted; then t5, alibi, rope eager, 10+10 steps each",
+          "base training step relative / absolute, eager and compiled; MFU; host syncs per update; the "
+          "descendants' eager step / absolute"),
+    Stage("decode", 35, "1 process; greedy + beam 4 on 500 sentences in fp32 and in bf16, 50 cached steps",
           "decoding fp32 vs bf16 autocast (what translate precision=auto picks on a GPU)"),
-    Stage("tests", 40, "1 pytest process; the kernel and attention tests compiled for CUDA",
+    Stage("tests", 35, "1 pytest process; the kernel and attention tests compiled for CUDA",
           "the kernel and attention test files on CUDA"),
     Stage("resources", 25, "96 kernel compiles over 16 processes (ptxas)",
           "registers, spills and shared memory on this machine's triton"),

@@ -336,7 +336,42 @@ def layer(a: Answers, dry: bool, work: Path) -> None:
             ratios.append(f"n={n} {row['ours_over_sdpa']:.2f}x SDPA"
                           + (f" (PyTorch path {row['torch_path_over_sdpa']:.2f}x)" if "torch_path_over_sdpa" in row
                              else ""))
+    modes = load_script("bench_positions")
+    for n in (128, 512):  # every position mode's layer against SDPA (its positions built as a stack does)
+        def measure_modes(n=n):
+            times = bench.time_interleaved(modes.layer_steps(n, device, dtype), 1 if dry else 20, device)
+            return {mode: times[mode] / times["sdpa"] for mode in times if mode != "sdpa"}
+
+        row = a.attempt(f"modes n={n}", measure_modes)
+        if "t5" in row:
+            ratios.append(f"n={n} modes/SDPA " + " ".join(f"{m} {r:.2f}" for m, r in row.items()))
+    a.attempt("bias modes reach the memory-efficient kernel", efficient_kernel_reached, device, dry)
     a["headline"] = "layer fwd+bwd, d 512, 8 heads, k 16, 1,536 tokens: " + "; ".join(ratios)
+
+
+def efficient_kernel_reached(device, dry: bool) -> dict:
+    """t5 and alibi, forward + backward in bf16 with only SDPA's memory-efficient kernel allowed: an error where
+    SDPA would have needed its math fallback. The dry run has no such kernel on a CPU: it runs the math path."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from nmt.experiment import preset_job
+    from nmt.model import Transformer
+
+    allowed = [SDPBackend.MATH] if dry else [SDPBackend.EFFICIENT_ATTENTION]
+    reached = {}
+    for position in ("t5", "alibi"):
+        model = Transformer(preset_job("model=base", f"model.position={position}").model, 8000).to(device)
+        src = torch.randint(4, 8000, (16, 37), device=device)
+        src[3, 20:] = 0  # padding: the encoder's bias is (B, H, N, N)
+        tgt = torch.randint(4, 8000, (16, 30), device=device)
+        try:
+            with sdpa_kernel(allowed), torch.autocast(device.type, torch.bfloat16):
+                model(src, tgt).float().mean().backward()
+            reached[position] = True
+        except RuntimeError as err:
+            reached[position] = one_line(err)
+    return reached
 
 
 # ---------------------------------------------------------------------------------------------------- step
@@ -366,6 +401,13 @@ def step(a: Answers, dry: bool, work: Path) -> None:
         torch._dynamo.reset()  # a compiled model's graphs hold its memory
         gc.collect()
         empty_cache()
+    for position in ("t5", "alibi", "rope"):  # Shaw's descendants, eager: last, so a stage at its limit loses only them
+        row = a.attempt(f"{preset} {position} eager", bench.measure, preset, position, steps if dry else 10,
+                        device.type, precision, tokens, False, 1 if dry else 0)
+        absolute = rows.get(f"{preset} absolute eager", {})
+        if "step_s" in row and "step_s" in absolute:
+            a[f"{position}_over_absolute_eager"] = row["step_s"] / absolute["step_s"]
+        empty_cache()
     parts = []
     for mode in ("eager", "compiled"):
         rel, ab = rows.get(f"{preset} relative {mode}", {}), rows.get(f"{preset} absolute {mode}", {})
@@ -375,6 +417,8 @@ def step(a: Answers, dry: bool, work: Path) -> None:
                          + (f", MFU {rel['mfu']:.0%}" if "mfu" in rel else "")
                          + (f", {rel['host_syncs_per_update']:g} host syncs/update"
                             if rel.get("host_syncs_per_update") is not None else "") + ")")
+    parts += [f"{p}/abs eager {a.values[f'{p}_over_absolute_eager']:.3f}" for p in ("t5", "alibi", "rope")
+              if f"{p}_over_absolute_eager" in a.values]
     a["headline"] = f"{preset} step at {tokens:,} tokens: " + "; ".join(parts)
 
 
@@ -404,7 +448,7 @@ def decode(a: Answers, dry: bool, work: Path) -> None:
 def tests(a: Answers, dry: bool, work: Path) -> None:
     if importlib.util.find_spec("pytest") is None:
         raise RuntimeError("pytest is not importable: scripts/gpu_wheels.sh puts its wheels in .whl/")
-    files = ["tests/test_kernels.py", "tests/test_attention.py", "tests/test_kernel_dispatch.py"]
+    files = ["tests/test_kernels.py", "tests/test_attention.py", "tests/test_kernel_dispatch.py", "tests/test_positions.py"]
     select = ["-k", "flop_counter or literal_equations"] if dry else []
     code, lines = streamed(["-m", "pytest", "-p", "no:cacheprovider", "-rfE", "-v", *files, *select],
                            work / "pytest.txt")

@@ -35,7 +35,7 @@ class Position(str, Enum):
     # Shaw's descendants, in self-attention only like relative (nothing at the input; nmt/positions.py):
     t5 = "t5"  # Raffel et al. 2020: a learned logit per (bucket of j - i, head), one table per stack
     alibi = "alibi"  # Press et al. 2022: the logit -m_h |i - j| (symmetric in the encoder), no parameters
-    rope = "rope"  # Su et al. 2021: q and k rotated by position (half-split layout, base 10,000), no parameters
+    rope = "rope"  # Su et al. 2021: q and k rotated by position (interleaved pairs, base 10,000), no parameters
 
 
 class Norm(str, Enum):

@@ -126,12 +126,11 @@ def test_alibi_layer_equals_the_literal_per_pair_computation(causal):
 
 
 def complex_score(qi, kj, i, j, d):
-    """q_i . k_j after rotation, by complex numbers: pair c is the number x_c + i x_{c+D/2}, turned by angle
+    """q_i . k_j after rotation, by complex numbers: pair c is the number x_2c + i x_2c+1, turned by angle
     t * 10000^(-2c/D) at position t, and the dot product of two rotated vectors is Re(sum_c q_c conj(k_c))."""
-    half = d // 2
-    theta = torch.tensor([10000.0 ** (-2 * c / d) for c in range(half)], dtype=torch.float64)
-    zq = torch.complex(qi[:half], qi[half:]) * torch.exp(1j * i * theta)
-    zk = torch.complex(kj[:half], kj[half:]) * torch.exp(1j * j * theta)
+    theta = torch.tensor([10000.0 ** (-2 * c / d) for c in range(d // 2)], dtype=torch.float64)
+    zq = torch.complex(qi[0::2], qi[1::2]) * torch.exp(1j * i * theta)
+    zk = torch.complex(kj[0::2], kj[1::2]) * torch.exp(1j * j * theta)
     return (zq * zk.conj()).sum().real
 
 

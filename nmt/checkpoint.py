@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 LAST = "checkpoint_last.pt"
 PREVIOUS = "checkpoint_prev.pt"
-WEIGHTS = ("model", "config", "vocab", "step")  # what a numbered checkpoint keeps
+WEIGHTS = ("model", "config", "vocab", "data", "step")  # what a numbered checkpoint keeps
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
@@ -187,6 +187,30 @@ def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> No
                               f"another folder, or remove {out} to start this one afresh")
 
 
+def check_same_data(state: dict, identity: dict, spm_model: bytes, out: Path) -> None:
+    """Resuming continues the run on its own data: refused (CheckpointError naming what differs) when the prepared
+    data is another pair, other train or valid files, other vocabulary settings or filters, or the SentencePiece
+    model is another one (the same ids would mean other words)."""
+    theirs, differs = state.get("data"), []
+    if theirs is not None:
+        if (identity.get("src"), identity.get("tgt")) != (theirs.get("src"), theirs.get("tgt")):
+            differs.append(f"the pair {identity.get('src')}-{identity.get('tgt')} (the folder's run: "
+                           f"{theirs.get('src')}-{theirs.get('tgt')})")
+        for split, files in identity.get("inputs", {}).items():
+            before = theirs.get("inputs", {}).get(split, {})
+            if files != before:
+                changed = sorted(set(files) ^ set(before)) or sorted(f for f in files if files[f] != before.get(f))
+                differs.append(f"the {split} files ({', '.join(changed)} differ from the folder's run)")
+        for part in ("vocab", "filters"):
+            if identity.get(part) != theirs.get(part):
+                differs.append(f"the {part} settings {identity.get(part)} (the folder's run: {theirs.get(part)})")
+    if "vocab" in state and state["vocab"].numpy().tobytes() != spm_model:
+        differs.append("another SentencePiece vocabulary (spm.model)")
+    if differs:
+        raise CheckpointError(f"{out} holds a run trained on other data: {'; '.join(differs)}. Set "
+                              f"train.output_dir to another folder, or remove {out} to start this one afresh")
+
+
 def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
     """The newest whole training state that loads: checkpoint_last.pt, else checkpoint_prev.pt, else a numbered
     checkpoint that carries one (written before numbered checkpoints kept only the weights)."""
@@ -257,7 +281,7 @@ def write_average(paths: list[Path], output: str | Path) -> Path:
     """Average paths into a checkpoint of the same format (config and step of the last one)."""
     model, last = _average(paths)
     state = {"model": model, "averaged_from": [Path(p).name for p in paths],
-             **{key: last[key] for key in ("config", "step", "vocab") if key in last}}
+             **{key: last[key] for key in ("config", "step", "vocab", "data") if key in last}}
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     save_checkpoint(state, output)
     return Path(output)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 from omegaconf import MISSING
@@ -279,12 +280,23 @@ def model_overrides_suffix(overrides) -> str:
     return "".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked)
 
 
+def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
+    """The data part of a run's default folder: the preset's name, which names corpus and pair
+    (multi30k_en_de); for data=local the pair and the training files' folder and prefix too
+    (local_en_fr.europarl_train), so two local corpora never share, and never resume, one run."""
+    if preset != "local" or not train:
+        return preset
+    corpus = "_".join(part for part in (Path(train).parent.name, Path(train).name) if part)
+    return f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus)
+
+
 def register_schemas() -> None:
     """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("model_overrides", model_overrides_suffix, replace=True)
+    OmegaConf.register_new_resolver("data_label", data_label, replace=True)
 
     store = ConfigStore.instance()
     store.store(name="prepare_schema", node=PrepareJob)

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from nmt.checkpoint import (
     Checkpointer,
     CheckpointError,
+    check_same_data,
     check_same_model,
     hold_folder,
     numbered_checkpoints,
@@ -105,6 +106,7 @@ class Trainer:
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
+            "data": self.data.identity,
             "config": self.state_dict_config(),
         }
 
@@ -204,6 +206,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
             check_same_model(state, self.state_dict_config()["model"], self.data.vocab_size, self.out)
+            check_same_data(state, self.data.identity, self.data.spm_model, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))

@@ -3,6 +3,7 @@ over ranks), and greedy BLEU on its first sentences (one rank; a progress signal
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -37,12 +38,15 @@ def validation_loss(model, data: EncodedSplit, max_tokens: int, env: Env, amp_dt
     return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": math.exp(min(nll_sum / tokens, 50))}
 
 
-def greedy_bleu(model, vocab: Vocab, data_dir: Path, data: DataConfig, sentences: int, device: torch.device,
-                amp_dtype) -> float:
-    """sacreBLEU of greedy translations of the first validation sentences (each input bounded by
-    SearchConfig.max_input_tokens)."""
-    sources = list(read_lines(data_dir / f"valid.{data.src}"))[:sentences]
-    refs = list(read_lines(data_dir / f"valid.{data.tgt}"))[:sentences]
+def first_valid_pairs(data_dir: Path, data: DataConfig, sentences: int) -> tuple[list[str], list[str]]:
+    """The first validation sources and references, read once: a prepare that replaces the folder during the run
+    does not change what its validation scores."""
+    sources = list(itertools.islice(read_lines(data_dir / f"valid.{data.src}"), sentences))
+    return sources, list(itertools.islice(read_lines(data_dir / f"valid.{data.tgt}"), sentences))
+
+
+def greedy_bleu(model, vocab: Vocab, sources: list[str], refs: list[str], device: torch.device, amp_dtype) -> float:
+    """sacreBLEU of greedy translations (each input bounded by SearchConfig.max_input_tokens)."""
     with autocast(device, amp_dtype):
         hyps = translate_lines(model, vocab, sources, SearchConfig(beam=1), device)
     return BLEU().corpus_score(hyps, [refs]).score
@@ -57,6 +61,7 @@ class Validator:
         self.data, self.data_cfg = data, data_cfg
         self.max_tokens, self.bleu_sentences, self.label_smoothing = max_tokens, bleu_sentences, label_smoothing
         self.env, self.amp_dtype = env, amp_dtype
+        self.sentences = first_valid_pairs(data.directory, data_cfg, bleu_sentences) if env.main else ([], [])
 
     def loss(self, model) -> dict:
         return validation_loss(model, self.data.valid, self.max_tokens, self.env, self.amp_dtype, self.label_smoothing)
@@ -66,8 +71,7 @@ class Validator:
         if not self.env.main or self.bleu_sentences == 0:
             return {}
         vocab = Vocab(model_proto=self.data.spm_model)
-        return {"bleu_greedy": greedy_bleu(model, vocab, self.data.directory, self.data_cfg, self.bleu_sentences,
-                                           self.env.device, self.amp_dtype)}
+        return {"bleu_greedy": greedy_bleu(model, vocab, *self.sentences, self.env.device, self.amp_dtype)}
 
     def __call__(self, model) -> dict:
         """Loss (every rank) and BLEU (rank 0, while the others wait at their next collective: a few seconds of

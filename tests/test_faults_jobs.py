@@ -65,7 +65,9 @@ def test_ablations_get_default_folders_of_their_own(prepared, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
     suffix = model_overrides_suffix(model_overrides())
     folders = sorted(p.name for p in (tmp_path / "outputs").iterdir())
-    assert folders == [f"tiny_local{suffix}", f"tiny_local{model_overrides_suffix([*model_overrides(), 'model.rel_value=false'])}"]
+    data = f"local_en_de.{Path(prepared.train).parent.name}_train"  # the pair and the corpus, named
+    assert folders == [f"tiny_{data}{suffix}",
+                       f"tiny_{data}{model_overrides_suffix([*model_overrides(), 'model.rel_value=false'])}"]
     assert ".rel_value-false" in folders[1] and "=" not in "".join(folders) and "," not in "".join(folders)
 
 

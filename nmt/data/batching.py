@@ -124,6 +124,8 @@ def training_stream(shard: EncodedSplit, max_tokens: int, seed: int, rank: int, 
 
     It may run ahead of the trainer (Prefetcher), so the trainer keeps as its data position the last item it
     consumed, never how far the stream has read."""
+    if len(shard) == 0:  # an epoch without a batch would loop here for ever
+        raise ValueError("the training split holds no pair: no batch can come")
     while True:
         for position, batch in epoch_batches(shard, max_tokens, seed, epoch, rank, world_size, start=start):
             yield epoch, position + 1, batch

@@ -106,6 +106,7 @@ class Prepared:
     valid: EncodedSplit
     vocab_size: int
     spm_model: bytes
+    identity: dict  # what a run trains on (pair, the train and valid files' digests, vocabulary, filters)
 
 
 def open_prepared(cfg: DataConfig) -> Prepared:
@@ -115,10 +116,19 @@ def open_prepared(cfg: DataConfig) -> Prepared:
     if manifest is None:
         raise DataError(f"{directory} is not prepared: run python -m nmt.prepare data=<preset> first")
     train, valid = open_split(directory, manifest, "train"), open_split(directory, manifest, "valid")
+    for name, split in (("training", train), ("validation", valid)):
+        if len(split) == 0:
+            raise DataError(f"{directory}: the {name} split holds no pair; prepare it again from files that do")
     spm = directory / "spm.model"
     if not spm.is_file():
         raise DataError(f"{spm} is missing: rebuild with python -m nmt.prepare ... force=true")
-    return Prepared(directory, train, valid, manifest["vocab_size"], spm.read_bytes())
+    return Prepared(directory, train, valid, manifest["vocab_size"], spm.read_bytes(),
+                    data_identity(manifest.get("key", {})))
+
+
+def data_identity(key: dict) -> dict:
+    """The part of a manifest's key that training reads: the test split may change under a run."""
+    return {**key, "inputs": {split: files for split, files in key.get("inputs", {}).items() if split != "test"}}
 
 
 def drop_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
@@ -204,7 +214,11 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         log.info("vocabulary text: %d sentences", _write_vocab_input(cfg, vocab_text))
         vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample))
         vocab_text.unlink()
-        stats = {split: _write_split(cfg, split, vocab, work) for split in SPLITS}
+        stats = {}
+        for split in SPLITS:
+            stats[split] = _write_split(cfg, split, vocab, work)
+            if split == "train" and stats[split]["kept"] == 0:
+                raise DataError(no_pair_left(cfg, stats[split]))
         for split, counts in stats.items():
             log.info("%s: %s", split, ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
         manifest = {"key": key, "vocab_size": len(vocab), "stats": stats,
@@ -215,6 +229,22 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return target
+
+
+FILTERS = {"too_long": "data.max_len={max_len} (subword tokens, either side)",
+           "ratio": "data.max_ratio={max_ratio} (token-length ratio)",
+           "src_words": "data.max_src_words={max_src_words} (source words)", "empty": "an empty side"}
+
+
+def no_pair_left(cfg: DataConfig, counts: dict) -> str:
+    """Why prepare keeps no training pair: the files are empty, or the filters (named, with their counts) dropped
+    every one."""
+    if counts.get("read", 0) == 0:
+        return f"the training files of data={cfg.name} hold no line: nothing to train on"
+    dropped = sorted(((n, reason.removeprefix("dropped_")) for reason, n in counts.items()
+                      if reason.startswith("dropped_")), reverse=True)
+    named = "; ".join(f"{n:,} by {FILTERS[reason].format(**vars(cfg))}" for n, reason in dropped)
+    return f"no training pair left: the filters dropped all {counts['read']:,} ({named}); loosen them"
 
 
 def _replace(new: Path, target: Path) -> None:

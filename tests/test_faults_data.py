@@ -1,0 +1,131 @@
+"""A run knows its data: a resume onto other data is refused, a prepare that keeps no pair is refused, an empty
+split never makes a loop wait for ever, and a prepare during a run does not change what the run reads."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.checkpoint import CheckpointError, check_same_data, load_checkpoint
+from nmt.data.batching import training_stream
+from nmt.data.pipeline import open_prepared, prepare, prepared_dir
+from nmt.data.readers import DataError
+from nmt.data.shards import ShardWriter
+from tests.conftest import ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines, write
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+SMALL = ["train.max_tokens=300", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1",
+         "train.save_every_steps=2", "train.device=cpu"]
+
+
+def cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def corpus_in(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return make_corpus(directory)
+
+
+def other_corpus(directory: Path) -> Path:
+    """Another local corpus of the same shape: later Multi30k lines."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for lang in ("en", "de"):
+        write(directory / f"train.{lang}", multi30k_lines("train", lang, 3000)[1500:])
+        write(directory / f"valid.{lang}", multi30k_lines("val", lang, 40)[20:])
+        write(directory / f"test.{lang}", multi30k_lines("test_2016_flickr", lang, 15))
+    return directory
+
+
+def test_a_run_resumed_onto_other_data_is_refused_in_one_line(tmp_path):
+    first = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))
+    out = tmp_path / "run"
+    made = cli("nmt.train", *data_overrides(first), *model_overrides(), *SMALL, "train.max_steps=2",
+               f"train.output_dir={out}")
+    assert made.returncode == 0, made.stderr[-2000:]
+    record, last = (out / "config.yaml").read_bytes(), (out / "checkpoint_last.pt").read_bytes()
+    assert load_checkpoint(out / "checkpoint_last.pt")["data"]["src"] == "en"
+
+    second = local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared"))
+    other = cli("nmt.train", *data_overrides(second), *model_overrides(), *SMALL, "train.max_steps=4",
+                f"train.output_dir={out}")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    error = [line for line in other.stderr.splitlines() if "ERROR" in line]
+    assert len(error) == 1 and "holds a run trained on other data" in error[0], other.stderr[-2000:]
+    assert f"{tmp_path}/b/train.en" in error[0] and "SentencePiece" in error[0]
+    assert (out / "config.yaml").read_bytes() == record and (out / "checkpoint_last.pt").read_bytes() == last
+
+
+def test_the_data_check_names_pair_filters_and_vocabulary(prepared):
+    data = open_prepared(prepared)
+    state = {"data": data.identity, "vocab": torch.frombuffer(bytearray(data.spm_model), dtype=torch.uint8)}
+    check_same_data(state, data.identity, data.spm_model, Path("out"))  # the same data: resumes
+    changed = json.loads(json.dumps(data.identity))
+    changed["tgt"], changed["filters"]["max_len"] = "fr", 50
+    with pytest.raises(CheckpointError) as err:
+        check_same_data(state, changed, data.spm_model + b"x", Path("out"))
+    assert "the pair en-fr (the folder's run: en-de)" in str(err.value) and "'max_len': 50" in str(err.value)
+    assert "another SentencePiece vocabulary" in str(err.value)
+    check_same_data({"model": {}}, changed, data.spm_model, Path("out"))  # a checkpoint from before: nothing to compare
+
+
+def test_a_prepare_that_keeps_no_pair_is_refused_naming_the_filter(corpus, tmp_path):
+    cfg = local_config(corpus, max_len=1, prepared_dir=str(tmp_path / "none"))
+    with pytest.raises(DataError, match=r"dropped all 1,500 \(.*by data.max_len=1 "):
+        prepare(cfg)
+    assert not prepared_dir(cfg).exists() and not list(tmp_path.glob(".none.tmp-*"))
+    done = cli("nmt.prepare", *data_overrides(cfg)[:-1], "data.chunk_lines=400", timeout=120)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(errors) == 1, done.stderr
+    assert "no training pair left" in errors[0] and "data.max_len=1" in errors[0]
+
+
+def empty_training_split(prepared_cfg, tmp_path) -> Path:
+    """A copy of a prepared folder whose training split holds no pair (as prepare wrote it before it refused)."""
+    copy = tmp_path / "empty"
+    shutil.copytree(prepared_dir(prepared_cfg), copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for side in ("src", "tgt"):
+        ShardWriter(copy, "train", side, manifest["vocab_size"]).close()
+    manifest["stats"]["train"]["kept"] = 0
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
+def test_an_empty_training_split_is_refused_and_never_waited_for(prepared, tmp_path):
+    from nmt.data.shards import EncodedSplit
+
+    copy = empty_training_split(prepared, tmp_path)
+    with pytest.raises(DataError, match="the training split holds no pair"):
+        open_prepared(local_config(Path(prepared.train).parent, prepared_dir=str(copy)))
+    with pytest.raises(ValueError, match="no batch can come"):
+        next(training_stream(EncodedSplit(copy, "train", 600), 300, 1, 0, 1, 0, 0))
+    started = time.monotonic()
+    done = cli("nmt.train", *data_overrides(prepared, prepared_dir=copy), *model_overrides(), *SMALL,
+               "train.max_steps=4", f"train.output_dir={tmp_path}/run", timeout=60)
+    assert done.returncode == 2 and "holds no pair" in done.stderr and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
+    from nmt.runtime import Env
+    from nmt.validate import Validator
+
+    cfg = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))
+    prepare(cfg)
+    data = open_prepared(cfg)
+    validator = Validator(data, cfg, 300, 5, 0.1, Env(), None)
+    before = ([data.train[i][0].copy() for i in range(20)], validator.sentences, data.spm_model)
+    prepare(local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared")))
+    assert open_prepared(cfg).spm_model != before[2] or not np.array_equal(open_prepared(cfg).train[0][0], before[0][0])
+    after = ([data.train[i][0] for i in range(20)], validator.sentences, data.spm_model)
+    assert all(np.array_equal(a, b) for a, b in zip(before[0], after[0]))  # the open shards are the old files
+    assert after[1] == before[1] and after[2] == before[2]

@@ -30,4 +30,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the average is written whole or not at all (save_checkpoint renames it into place)
+        print("\ninterrupted (Ctrl-C): nothing written", file=sys.stderr)
+        sys.exit(130)

@@ -31,8 +31,12 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     return None
 
 
-def hydra_job(config_name: str):
-    """@hydra.main for configs/<config_name>.yaml, after the overrides' check (exit 2, one line naming the key)."""
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+
+
+def hydra_job(config_name: str, interrupted: str = "interrupted"):
+    """@hydra.main for configs/<config_name>.yaml, after the overrides' check (exit 2, one line naming the key).
+    Ctrl-C (a KeyboardInterrupt that the job did not handle) ends it with `interrupted` on one line, exit 130."""
     def wrap(task):
         hydra_main = hydra.main(version_base="1.3", config_path="../configs", config_name=config_name)(task)
 
@@ -46,7 +50,11 @@ def hydra_job(config_name: str):
                     print(f"error: {error} (python -m nmt.{Path(sys.argv[0]).stem} --help lists the fields)",
                           file=sys.stderr)
                     sys.exit(2)
-            hydra_main()
+            try:
+                hydra_main()
+            except KeyboardInterrupt:
+                print(f"\n{interrupted} (Ctrl-C)", file=sys.stderr)
+                sys.exit(EXIT_INTERRUPTED)
 
         return entry
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -91,12 +92,31 @@ def translate_lines(model: Transformer, vocab: Vocab, lines: list[str], search: 
     return [vocab.decode(row) for row in translate_ids(model, ids, search, device, progress)]
 
 
+# Chunks start small and grow while they finish quickly, so the first lines come out within seconds whatever the
+# input's length, a killed run keeps what it finished a few seconds before, and a long file still reaches chunks of
+# buffer_lines (length-sorted batches: the throughput of big chunks).
+FIRST_CHUNK_LINES = 8
+CHUNK_SECONDS = 4.0  # a chunk that took less than half of this doubles the next; more than twice, halves it
+
+
+def next_chunk_lines(lines: int, seconds: float, most: int) -> int:
+    """The size of the next chunk after one of `lines` lines took `seconds`: at most `most`, at least 1."""
+    if seconds < CHUNK_SECONDS / 2:
+        return min(most, 2 * lines)
+    if seconds > 2 * CHUNK_SECONDS:
+        return max(1, lines // 2)
+    return lines
+
+
 def translate_stream(model: Transformer, vocab: Vocab, lines: Iterable[str], search: SearchConfig,
                      device: torch.device, chunk_lines: int) -> Iterator[list[str]]:
-    """The translations of `lines` chunk by chunk (chunk_lines input lines each, length-sorted within the chunk),
-    each chunk in input order, as soon as it is done: memory holds one chunk whatever the input's size, and a
-    caller that writes each chunk loses at most the chunk in progress if it is killed."""
-    source, first = iter(lines), 1
-    while chunk := list(itertools.islice(source, chunk_lines)):
-        yield translate_lines(model, vocab, chunk, search, device, first_line=first)
+    """The translations of `lines` chunk by chunk (at most chunk_lines input lines each, length-sorted within the
+    chunk, sized by time: next_chunk_lines), each chunk in input order, as soon as it is done: memory holds one
+    chunk whatever the input's size, and a caller that writes each chunk loses at most the chunk in progress."""
+    source, first, size = iter(lines), 1, min(chunk_lines, FIRST_CHUNK_LINES)
+    while chunk := list(itertools.islice(source, size)):
+        started = time.monotonic()
+        translations = translate_lines(model, vocab, chunk, search, device, first_line=first)
+        size = next_chunk_lines(len(chunk), time.monotonic() - started, chunk_lines)
+        yield translations
         first += len(chunk)

@@ -13,6 +13,7 @@ import platform
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,19 +207,33 @@ def machine(device: torch.device) -> str:
     return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {bf16}"
 
 
+# A second Ctrl-C counts as "again" only this long after the first: torchrun passes the terminal's Ctrl-C on to its
+# workers, which the terminal already reached, within milliseconds.
+AGAIN_AFTER_S = 1.0
+
+
 @contextlib.contextmanager
-def stop_signals():
-    """SIGTERM (SLURM before a time limit or preemption; torchrun passes it on) and SIGUSR1 (`#SBATCH
-    --signal=USR1@120`) only raise a flag: the run ends after the current update, on every rank at the same one."""
-    state = {"received": None}
+def stop_signals(announce: bool = True):
+    """SIGTERM (SLURM before a time limit or preemption; torchrun passes it on), SIGUSR1 (`#SBATCH
+    --signal=USR1@120`) and a first SIGINT (Ctrl-C at a terminal) only raise a flag: the run ends after the current
+    update, on every rank at the same one, with a complete checkpoint. Ctrl-C again raises KeyboardInterrupt: the
+    run ends at once, keeping only what was saved. announce: say so on stderr at the first Ctrl-C (rank 0)."""
+    state = {"received": None, "at": 0.0}
     if threading.current_thread() is not threading.main_thread():
         yield state
         return
 
     def handler(signum, _frame):
-        state["received"] = signal.Signals(signum).name
+        now = time.monotonic()
+        if signum == signal.SIGINT and state["received"] is not None and now - state["at"] >= AGAIN_AFTER_S:
+            raise KeyboardInterrupt
+        if state["received"] is None:
+            state["received"], state["at"] = signal.Signals(signum).name, now
+            if signum == signal.SIGINT and announce:  # os.write: logging is not safe inside a signal handler
+                os.write(2, b"\nCtrl-C: stopping after this update, with a complete checkpoint "
+                            b"(Ctrl-C again to stop at once, without saving)\n")
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     try:
         yield state
     finally:

@@ -1,8 +1,8 @@
 """python -m nmt.train model=<preset> data=<preset> [...]: the training loop.
 
 Runs as one process, or under torchrun as DDP (NCCL on CUDA, gloo on CPU). Re-running the same
-command resumes from output_dir/checkpoint_last.pt exactly where it stopped; SIGTERM or SIGUSR1 stop it
-cleanly (exit code 75) with a complete checkpoint.
+command resumes from output_dir/checkpoint_last.pt exactly where it stopped; SIGTERM, SIGUSR1 or a first Ctrl-C
+stop it cleanly (exit code 75) with a complete checkpoint; Ctrl-C again stops it at once (exit code 130).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class UpdateStats:
     lr: float
     grad_norm: float
     tokens: int
-    stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1; "time": some rank ran out of train.max_minutes
+    stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1/SIGINT; "time": some rank ran out of train.max_minutes
     save_due: bool = False  # some rank's train.save_every_minutes ran out (every rank saves together)
     skipped: bool = False  # a non-finite loss or gradient (fp16: an overflow): the step counter did not move
 
@@ -221,7 +221,7 @@ class Trainer:
                             depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
         validated, stop = -1, None
-        with stop_signals() as signals, contextlib.closing(stream):
+        with stop_signals(env.main) as signals, contextlib.closing(stream):
             while self.step < cfg.max_steps and stop is None:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
                 due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
@@ -306,7 +306,8 @@ def run(job: TrainJob) -> Path:
 register_schemas()
 
 
-@hydra_job("train")
+@hydra_job("train", interrupted="stopped at once: the updates since the last checkpoint are lost; run the same "
+                                 "command again to continue from it")
 def main(cfg) -> None:
     job: TrainJob = OmegaConf.to_object(cfg)
     try:

@@ -1,8 +1,10 @@
 """python -m nmt.translate checkpoint=PATH [beam=4 alpha=0.6] [input=FILE] [output=FILE]
 
 Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
-exactly one output line per input line, in input order, written and flushed every buffer_lines input lines
-(default 5,000), so memory stays bounded and a killed run keeps every finished chunk. Empty or whitespace-only lines give
+exactly one output line per input line, in input order, written and flushed chunk by chunk: the first chunks are
+small and grow while they take under a few seconds, up to buffer_lines input lines (default 5,000), so the first
+lines come out within seconds, memory stays bounded and a killed or interrupted (Ctrl-C) run keeps every finished
+chunk. A reader that goes away (`| head`) ends it quietly. Empty or whitespace-only lines give
 empty lines. A line longer than max_input_tokens subword tokens (default 1,024, as fairseq's
 --max-source-positions) is cut to that length with a warning naming it, never dropped, so one stray paragraph or
 binary blob costs bounded time; a model with absolute (sinusoid) positions also cuts at its table's length.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import logging
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -59,7 +62,15 @@ def open_source(path: Optional[str]):
 register_schemas()
 
 
-@hydra_job("decode")
+def quiet_stdout() -> None:
+    """The reader of standard output went away: send what is left to /dev/null, so that the interpreter's own
+    flush at exit does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+@hydra_job("decode", interrupted="interrupted: every finished line is written")
 def main(cfg) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
     job: DecodeJob = OmegaConf.to_object(cfg)
@@ -80,6 +91,8 @@ def main(cfg) -> None:
         bar.close()
         if out is not sys.stdout:
             out.close()
+    except BrokenPipeError:  # `| head -1`: a filter ends quietly when its reader closes the pipe, as Unix tools do
+        quiet_stdout()
     except (ConfigError, CheckpointError, DataError) as err:
         log.error("%s", err)
         sys.exit(2)

@@ -22,7 +22,7 @@ MODEL ?= base
 DATA ?= wmt14_en_de
 EXTRA ?=
 
-.PHONY: table1 table2 table3 beyond length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average decode score \
+.PHONY: table1 table2 table3 beyond length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average export decode score \
         ablate-k ablate-kv bench check-nproc check-kernels
 
 install: .venv/installed
@@ -77,6 +77,12 @@ train-smoke: install
 
 average: install
 	$(PY) -m nmt.average $(dir $(CKPT)) --last $(or $(LAST),20) --output $(CKPT)
+
+# A CTranslate2 model directory beside the checkpoint (QUANT=int8 for int8 weights); python -m nmt.translate
+# checkpoint=<that directory> translates with it
+EXPORT ?= $(dir $(CKPT))ctranslate2$(if $(QUANT),_$(QUANT))
+export: install
+	$(PY) -m nmt.export checkpoint=$(CKPT) output=$(EXPORT) $(if $(QUANT),quantization=$(QUANT))
 
 # newstest2014 from sacrebleu's wmt14/full (3,003 sentences for en-de); offline: make decode SRC=local/file
 decode: install

@@ -233,6 +233,7 @@ class SearchConfig:
     beam: int = 4  # 1 = greedy
     alpha: float = 0.6  # GNMT length penalty exponent
     max_extra: int = 50  # longest output = source length + max_extra
+    min_length: int = 1  # no end of sentence before this many tokens (1: no empty translation of a non-empty line)
     max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
     max_input_tokens: int = 1024  # longer input lines are cut to this many subword tokens, with a warning
 
@@ -240,6 +241,8 @@ class SearchConfig:
         require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
         require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
         require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
+        require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length,
+                f"in [0, max_extra={self.max_extra}]")
         require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
         require(self.max_input_tokens >= 1, "max_input_tokens", self.max_input_tokens, ">= 1")
         return self
@@ -260,6 +263,21 @@ class DecodeJob(SearchConfig):
         require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
+        return self
+
+
+QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
+
+
+@dataclass
+class ExportJob:
+    checkpoint: str = MISSING  # a relnmt checkpoint (averaged.pt, checkpoint_*.pt)
+    output: str = MISSING  # the CTranslate2 model directory to write (replaced whole if it exists)
+    quantization: Optional[str] = None  # CTranslate2's weight type: float32 (default), int8, float16, ...
+
+    def check(self) -> "ExportJob":
+        require(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization", self.quantization,
+                "one of " + ", ".join(QUANTIZATIONS))
         return self
 
 
@@ -303,5 +321,6 @@ def register_schemas() -> None:
     store.store(name="train_schema", node=TrainJob)
     store.store(name="decode_schema", node=DecodeJob)
     store.store(name="score_schema", node=ScoreJob)
+    store.store(name="export_schema", node=ExportJob)
     store.store(group="model", name="schema", node=ModelConfig)
     store.store(group="data", name="schema", node=DataConfig)

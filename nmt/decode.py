@@ -4,6 +4,7 @@ lines, batch by length, search (nmt.search), and give one output per input in in
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import sys
 import time
@@ -15,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
-from nmt.config import Position, SearchConfig, model_config_from_dict
+from nmt.config import Position, Precision, SearchConfig, model_config_from_dict
 from nmt.data.batching import pad_rows
 from nmt.data.vocab import Vocab
 from nmt.kernels.dispatch import AttentionBackend
@@ -25,8 +26,53 @@ from nmt.search import beam_search, greedy
 log = logging.getLogger("nmt.translate")
 
 
-def load_translator(checkpoint: str | Path, device: torch.device,
-                    backend: AttentionBackend | None = None) -> tuple[Transformer, Vocab]:
+EXPORTED_CONFIG = "relnmt.json"  # beside an exported model's model.bin: the relnmt config it was exported from
+COMPUTE_TYPES = {Precision.auto: "default", Precision.fp32: "float32", Precision.bf16: "bfloat16",
+                 Precision.fp16: "float16"}  # translate's precision= for an exported model
+
+
+class ExportedModel:
+    """A CTranslate2 directory written by nmt.export, behind the calls the decoding library makes of a
+    Transformer: its config (the input limit) and translate_ids. CTranslate2 batches (max_tokens source tokens)
+    and sorts by length itself; its length penalty is length^alpha, not GNMT's (at alpha = 0 they agree); its
+    length limit is one per call, so a line that reaches the chunk's is cut to its own (greedy: exactly relnmt's)."""
+
+    def __init__(self, directory: Path, vocab: Vocab, device: torch.device, precision: Precision):
+        try:
+            import ctranslate2
+        except ImportError:
+            raise CheckpointError(f"{directory} is a CTranslate2 model: pip install -e '.[deploy]' (or pip install "
+                                  "ctranslate2) to translate with it") from None
+        self.cfg = model_config_from_dict(json.loads((directory / EXPORTED_CONFIG).read_text())["model"])
+        self.pieces = [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        threads = torch.get_num_threads() if device.type == "cpu" else 0
+        self.translator = ctranslate2.Translator(str(directory), device=device.type, device_index=device.index or 0,
+                                                 compute_type=COMPUTE_TYPES[precision], intra_threads=threads)
+
+    def translate_ids(self, ids: list[list[int]], search: SearchConfig) -> list[list[int]]:
+        rows = [i for i, row in enumerate(ids) if row]
+        outputs: list[list[int]] = [[] for _ in ids]
+        if not rows:
+            return outputs
+        results = self.translator.translate_batch(
+            [[self.pieces[t] for t in ids[i]] for i in rows], beam_size=search.beam, length_penalty=search.alpha,
+            max_decoding_length=max(len(ids[i]) for i in rows) + search.max_extra,
+            min_decoding_length=search.min_length, max_batch_size=search.max_tokens, batch_type="tokens")
+        for i, result in zip(rows, results):  # each line's own limit, as relnmt's (the chunk's longest above)
+            outputs[i] = [self.ids[piece] for piece in result.hypotheses[0][: len(ids[i]) + search.max_extra]]
+        return outputs
+
+
+def load_translator(checkpoint: str | Path, device: torch.device, backend: AttentionBackend | None = None,
+                    precision: Precision = Precision.auto) -> tuple[Transformer | ExportedModel, Vocab]:
+    """A relnmt checkpoint, or a directory that nmt.export wrote (run by CTranslate2 in `precision`)."""
+    exported = Path(checkpoint)
+    if exported.is_dir():
+        if not (exported / EXPORTED_CONFIG).is_file():
+            raise CheckpointError(f"{exported} is a folder, not a checkpoint nor a model written by nmt.export")
+        vocab = Vocab(exported / "spm.model")
+        return ExportedModel(exported, vocab, device, precision), vocab
     state = load_checkpoint(checkpoint)
     if "vocab" not in state or "config" not in state:
         raise CheckpointError(f"{checkpoint}: no vocabulary or config inside; was it written by nmt.train?")
@@ -61,6 +107,8 @@ def encode_lines(vocab: Vocab, lines: list[str], limit: int | None, first_line: 
 def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig, device: torch.device,
                   progress: bool = False) -> list[list[int]]:
     """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""
+    if isinstance(model, ExportedModel):
+        return model.translate_ids(ids, search)
     order = [i for i in np.argsort([len(row) for row in ids], kind="stable") if ids[i]]
     outputs: list[list[int]] = [[] for _ in ids]
     bar = tqdm(total=len(order), unit=" sent", disable=not progress, file=sys.stderr)
@@ -72,9 +120,9 @@ def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig
         batch = order[start:end]
         src = pad_rows([np.asarray(ids[i]) for i in batch], suffix=EOS).to(device)
         if search.beam == 1:
-            hyps = greedy(model, src, search.max_extra)
+            hyps = greedy(model, src, search.max_extra, search.min_length)
         else:
-            hyps = beam_search(model, src, search.beam, search.alpha, search.max_extra)
+            hyps = beam_search(model, src, search.beam, search.alpha, search.max_extra, search.min_length)
         for i, hyp in zip(batch, hyps):
             outputs[i] = hyp.tokens
         bar.update(len(batch))

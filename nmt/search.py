@@ -32,8 +32,17 @@ def max_lengths(src: Tensor, max_extra: int) -> Tensor:
     return src.ne(PAD).sum(1) + max_extra
 
 
+def ban_early_eos(log_probs: Tensor, t: int, min_length: int) -> Tensor:
+    """No end of sentence before `min_length` tokens (1: a non-empty source never gets an empty translation, as
+    fairseq and CTranslate2 decode). log_probs (..., V) at step t (the first step is 1)."""
+    if t > min_length:
+        return log_probs
+    return log_probs.index_fill(-1, torch.tensor([EOS], device=log_probs.device), float("-inf"))
+
+
 @torch.no_grad()
-def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra) -> list[Hypothesis]:
+def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra,
+           min_length: int = SearchConfig.min_length) -> list[Hypothesis]:
     limit = max_lengths(src, max_extra)
     cache = model.start(model.encode(src), src)
     tokens = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
@@ -41,7 +50,7 @@ def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra) -> list[
     finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for t in range(1, int(limit.max()) + 1):
         logits, cache = model.decode(tokens[:, -1:], cache)
-        log_probs = logits[:, -1].float().log_softmax(-1)
+        log_probs = ban_early_eos(logits[:, -1].float().log_softmax(-1), t, min_length)
         best = log_probs.argmax(-1).masked_fill(t >= limit, EOS).masked_fill(finished, PAD)
         logp += log_probs.gather(1, best.clamp(min=0)[:, None]).squeeze(1).masked_fill(finished, 0.0)
         tokens = torch.cat([tokens, best[:, None]], 1)
@@ -57,7 +66,7 @@ def _strip(row: list[int]) -> list[int]:
 
 @torch.no_grad()
 def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
-                max_extra: int = SearchConfig.max_extra) -> list[Hypothesis]:
+                max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length) -> list[Hypothesis]:
     """Best hypothesis per sentence under log p(Y|X) / lp(Y).
 
     Each step ranks the 2K best extensions of the K live beams; an EOS among the first K finishes a
@@ -78,7 +87,7 @@ def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float 
     offsets = torch.arange(batch, device=src.device)[:, None] * k
     for t in range(1, int(limit.max()) + 1):
         logits, cache = model.decode(tokens[:, -1:], cache)
-        log_probs = logits[:, -1].float().log_softmax(-1).view(batch, k, -1)  # (B, K, V)
+        log_probs = ban_early_eos(logits[:, -1].float().log_softmax(-1), t, min_length).view(batch, k, -1)  # (B, K, V)
         vocab = log_probs.shape[-1]
         at_limit = t >= limit
         if at_limit.any():  # the last allowed step must end with EOS

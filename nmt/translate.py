@@ -76,7 +76,7 @@ def main(cfg) -> None:
     job: DecodeJob = OmegaConf.to_object(cfg)
     try:
         device = resolve_device(job.check().device)
-        model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention))
+        model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention), job.precision)
         dtype = autocast_dtype(job.precision, device, training=False)
 
         interactive = job.input is None and sys.stdin.isatty()  # answer each line as it is typed

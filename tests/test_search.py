@@ -53,8 +53,18 @@ def test_length_penalty_values():
 
 
 def test_scripted_beam_search_without_length_penalty_prefers_the_short_hypothesis():
-    hyp, = beam_search(ScriptedModel(SCRIPT, LATER), SRC, beam=2, alpha=0.0)
+    hyp, = beam_search(ScriptedModel(SCRIPT, LATER), SRC, beam=2, alpha=0.0, min_length=0)
     assert hyp.tokens == [] and hyp.score == pytest.approx(math.log(0.40))
+
+
+def test_a_non_empty_source_never_gets_an_empty_translation():
+    """End of sentence is the best first token here (0.40): min_length=1, the default, bans it at the first step,
+    as fairseq and CTranslate2 do."""
+    model = ScriptedModel(SCRIPT, LATER)
+    hyp, = beam_search(model, SRC, beam=2, alpha=0.0)
+    assert hyp.tokens == [A] and hyp.score == pytest.approx(math.log(0.39) + math.log(0.99))
+    assert greedy(model, SRC)[0].tokens == [A] and greedy(model, SRC, min_length=0)[0].tokens == []
+    assert len(beam_search(ScriptedModel({}, probs(eos=0.9, a=0.05)), SRC, beam=3, min_length=3)[0].tokens) == 3
 
 
 def test_scripted_beam_search_length_penalty_flips_the_choice():

@@ -1,0 +1,118 @@
+"""relnmt against CTranslate2 on the same model: the same translations, the BLEU of each, and the speed.
+
+    python scripts/bench_deploy.py CHECKPOINT [--sentences 1000] [--repeats 3] [--threads 1 2]
+        [--output results/deploy]
+
+CHECKPOINT must be exportable (e.g. the demo trained with model.share_heads=true). It is exported to float32 and
+int8 under OUTPUT/export_*, then:
+1. Agreement, in one process, on the first --sentences of test_2016_flickr: relnmt against the float32 export,
+   greedy and beam 4 at alpha 0 (where the two searches are the same): how many lines are token-identical, and of
+   the others how many reach relnmt's length limit. BLEU (sacrebleu) of beam 4 with each engine's own length
+   penalty at alpha 0.6 (relnmt: GNMT's ((5 + |Y|) / 6)^alpha; CTranslate2: |Y|^alpha), float32 and int8; the
+   hypotheses are written beside the JSON.
+2. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
+   search (greedy, beam 4) x threads, the engines interleaved, --repeats each; medians, sentences/s, and each
+   engine's time over relnmt's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from sacrebleu.metrics import BLEU
+
+from nmt.config import SearchConfig
+from nmt.decode import encode_lines, load_translator, translate_ids
+from nmt.export import export
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST = ROOT / "data" / "multi30k" / "test_2016_flickr"
+SEARCHES = {"greedy": ["beam=1"], "beam4": ["beam=4", "alpha=0.6"]}
+
+
+def test_lines(name: str, lang: str, n: int) -> list[str]:
+    with gzip.open(f"{name}.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line, _ in zip(f, range(n))]
+
+
+def agreement(checkpoint: str, exports: dict[str, Path], sources: list[str], refs: list[str], out: Path) -> dict:
+    cpu = torch.device("cpu")
+    model, vocab = load_translator(checkpoint, cpu)
+    engines = {"relnmt": model, **{name: load_translator(path, cpu)[0] for name, path in exports.items()}}
+    ids = encode_lines(vocab, sources, None)
+    report = {}
+    for name, search in (("greedy", SearchConfig(beam=1)), ("beam4_alpha0", SearchConfig(beam=4, alpha=0.0))):
+        ours, theirs = (translate_ids(engines[e], ids, search, cpu) for e in ("relnmt", "float32"))
+        differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+        at_limit = [i for i in differ if len(ours[i]) >= len(ids[i]) + search.max_extra]
+        report[name] = {"identical": len(ids) - len(differ), "of": len(ids), "differ": differ,
+                        "differ_at_relnmt_length_limit": len(at_limit)}
+    beam = SearchConfig(beam=4, alpha=0.6)
+    for name, engine in engines.items():
+        hyps = [vocab.decode(row) for row in translate_ids(engine, ids, beam, cpu)]
+        (out / f"{name}.beam4.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        score = BLEU().corpus_score(hyps, [refs])
+        report[f"bleu_beam4_{name}"] = {"score": round(score.score, 2), "signature": str(BLEU().get_signature()),
+                                        "empty_lines": sum(not h for h in hyps)}
+    return report
+
+
+def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int) -> dict:
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for n in threads:
+            for search, args in SEARCHES.items():
+                for name, path in engines.items():  # interleaved: each engine sees the same machine state
+                    env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(ROOT)}
+                    started = time.perf_counter()
+                    subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={path}", f"input={source}",
+                                    "device=cpu", *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+                    times.setdefault(f"{name} {search} {n}t", []).append(time.perf_counter() - started)
+    lines = sum(1 for _ in open(source, encoding="utf-8"))
+    rows = {key: {"seconds": statistics.median(t), "sentences_per_s": lines / statistics.median(t)}
+            for key, t in times.items()}
+    for key, row in rows.items():
+        name, rest = key.split(" ", 1)
+        row["speed_over_relnmt"] = rows[f"relnmt {rest}"]["seconds"] / row["seconds"]
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--output", type=Path, default=Path("results/deploy"))
+    args = parser.parse_args()
+    args.output.mkdir(parents=True, exist_ok=True)
+    exports = {"float32": export(args.checkpoint, args.output / "export_float32"),
+               "int8": export(args.checkpoint, args.output / "export_int8", "int8")}
+    sources, refs = test_lines(str(TEST), "en", args.sentences), test_lines(str(TEST), "de", args.sentences)
+    source = args.output / "source.en"
+    source.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
+    report = {"checkpoint": args.checkpoint, "sentences": len(sources), "torch": torch.__version__,
+              "command": " ".join(["python", "scripts/bench_deploy.py", *sys.argv[1:]])}
+    report["agreement"] = agreement(args.checkpoint, exports, sources, refs, args.output)
+    print(json.dumps(report["agreement"], indent=1, default=str)[:2000], flush=True)
+    report["speed"] = speed({"relnmt": args.checkpoint, **{k: str(v) for k, v in exports.items()}}, source,
+                            args.threads, args.repeats)
+    for key, row in report["speed"].items():
+        print(f"{key:22s} {row['seconds']:7.2f} s  {row['sentences_per_s']:7.1f} sentences/s  "
+              f"{row['speed_over_relnmt']:5.2f}x relnmt")
+    (args.output / "deploy.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output / 'deploy.json'}")
+
+
+if __name__ == "__main__":
+    main()

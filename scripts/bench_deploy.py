@@ -1,10 +1,10 @@
 """relnmt against CTranslate2 on the same model: the same translations, the BLEU of each, and the speed.
 
     python scripts/bench_deploy.py CHECKPOINT [--sentences 1000] [--repeats 3] [--threads 1 2]
-        [--output results/deploy]
+        [--output results/deploy] [--exports outputs/bench_deploy]
 
 CHECKPOINT must be exportable (e.g. the demo trained with model.share_heads=true). It is exported to float32 and
-int8 under OUTPUT/export_*, then:
+int8 under EXPORTS/, then:
 1. Agreement, in one process, on the first --sentences of test_2016_flickr: relnmt against the float32 export,
    greedy and beam 4 at alpha 0 (where the two searches are the same): how many lines are token-identical, and of
    the others how many reach relnmt's length limit. BLEU (sacrebleu) of beam 4 with each engine's own length
@@ -60,8 +60,9 @@ def agreement(checkpoint: str, exports: dict[str, Path], sources: list[str], ref
     for name, engine in engines.items():
         hyps = [vocab.decode(row) for row in translate_ids(engine, ids, beam, cpu)]
         (out / f"{name}.beam4.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-        score = BLEU().corpus_score(hyps, [refs])
-        report[f"bleu_beam4_{name}"] = {"score": round(score.score, 2), "signature": str(BLEU().get_signature()),
+        metric = BLEU()
+        score = metric.corpus_score(hyps, [refs])
+        report[f"bleu_beam4_{name}"] = {"score": round(score.score, 2), "signature": str(metric.get_signature()),
                                         "empty_lines": sum(not h for h in hyps)}
     return report
 
@@ -93,11 +94,12 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--output", type=Path, default=Path("results/deploy"))
+    parser.add_argument("--output", type=Path, default=Path("results/deploy"), help="the report and hypotheses")
+    parser.add_argument("--exports", type=Path, default=Path("outputs/bench_deploy"), help="the exported models")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
-    exports = {"float32": export(args.checkpoint, args.output / "export_float32"),
-               "int8": export(args.checkpoint, args.output / "export_int8", "int8")}
+    exports = {"float32": export(args.checkpoint, args.exports / "float32"),
+               "int8": export(args.checkpoint, args.exports / "int8", "int8")}
     sources, refs = test_lines(str(TEST), "en", args.sentences), test_lines(str(TEST), "de", args.sentences)
     source = args.output / "source.en"
     source.write_text("".join(line + "\n" for line in sources), encoding="utf-8")

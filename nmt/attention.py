@@ -70,6 +70,21 @@ class KV:
     def index_select(self, indices: Tensor) -> "KV":
         return KV(self.k.index_select(0, indices), self.v.index_select(0, indices))
 
+    def extended(self, new: "KV", rows: Tensor | None = None) -> "KV":
+        """These keys and values (rows `rows` of them, when given) followed by `new` along the sequence, in new
+        tensors: one copy of the cache per step, where a reorder and then a concatenation took two."""
+        def grow(old: Tensor, add: Tensor) -> Tensor:
+            n = old.shape[2]
+            out = old.new_empty(add.shape[0], old.shape[1], n + add.shape[2], old.shape[3])  # (B, H, N + Nt, D)
+            if rows is None:
+                out[:, :, :n] = old
+            else:
+                torch.index_select(old, 0, rows, out=out[:, :, :n])
+            out[:, :, n:] = add
+            return out
+
+        return KV(grow(self.k, new.k), grow(self.v, new.v))
+
 
 class MultiHeadAttention(nn.Module):
     """Projections, optional edge tables (a^K, a^V) and the attention core.

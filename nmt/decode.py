@@ -103,7 +103,7 @@ def encode_lines(vocab: Vocab, lines: list[str], limit: int | None, first_line: 
     return ids
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig, device: torch.device,
                   progress: bool = False) -> list[list[int]]:
     """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""

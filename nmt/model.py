@@ -88,9 +88,13 @@ class LayerCache:
 
 @dataclass
 class DecoderCache:
+    """Target side: a row per hypothesis (B * K); source side (cross K/V, src_pad): a row per sentence (B), which
+    its K hypotheses share."""
+
     layers: list[LayerCache]
     src_pad: Tensor  # (B, Ns) True = padding
     step: int = 0  # position of the next target token
+    order: Tensor | None = None  # rows of the target side that the next step continues (a pending reorder)
 
 
 class DecoderLayer(nn.Module):
@@ -102,20 +106,25 @@ class DecoderLayer(nn.Module):
         self.blocks = nn.ModuleList(Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(3))
 
     def forward(self, x: Tensor, cache: LayerCache, src_pad: Tensor, step: int,
-                positions: StackPositions = NO_POSITIONS) -> tuple[Tensor, LayerCache]:
-        """x (B, Nt, d) at positions step..step+Nt-1; returns the output and the extended cache."""
+                positions: StackPositions = NO_POSITIONS, order: Tensor | None = None) -> tuple[Tensor, LayerCache]:
+        """x (B, Nt, d) at positions step..step+Nt-1, continuing rows `order` of the cache (all when None);
+        returns the output and the extended cache."""
         new_self_kv = None
 
         def self_attend(h):
             nonlocal new_self_kv
             kv = self.self_attn.project_kv(h, positions.rotation)
             if cache.self_kv is not None:
-                kv = KV(torch.cat([cache.self_kv.k, kv.k], 2), torch.cat([cache.self_kv.v, kv.v], 2))
+                kv = cache.self_kv.extended(kv, order)
             new_self_kv = kv
             return self.self_attn(h, kv, causal=True, q_offset=step, positions=positions)
 
+        def cross_attend(h):  # a sentence's hypotheses (beam search) are queries against its one source
+            grouped = h.reshape(cache.cross_kv.k.shape[0], -1, h.shape[-1])  # (B, K * Nt, d): no positions here
+            return self.cross_attn(grouped, cache.cross_kv, key_padding_mask=src_pad).view_as(h)
+
         x = self.blocks[0](x, self_attend)
-        x = self.blocks[1](x, lambda h: self.cross_attn(h, cache.cross_kv, key_padding_mask=src_pad))
+        x = self.blocks[1](x, cross_attend)
         x = self.blocks[2](x, self.ffn)
         return x, LayerCache(new_self_kv, cache.cross_kv)
 
@@ -186,14 +195,14 @@ class Transformer(nn.Module):
         positions = stack_positions(self.decoder_self_positions, x, cache.step + tgt.shape[1], cache.step)
         layers = []
         for layer, layer_cache in zip(self.decoder, cache.layers):
-            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions)
+            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order)
             layers.append(layer_cache)
         logits = self.decoder_norm(x) @ self.embed.weight.t()  # (B, Nt, V)
-        return logits, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])
+        return logits, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])  # the order is applied
 
     @staticmethod
-    def reorder(cache: DecoderCache, indices: Tensor) -> DecoderCache:
-        return reorder(cache, indices)
+    def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        return reorder(cache, indices, sentences)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, Nt, V); tgt_in starts with BOS and is right-padded."""
@@ -202,14 +211,16 @@ class Transformer(nn.Module):
         return logits
 
 
-def reorder(cache: DecoderCache, indices: Tensor) -> DecoderCache:
-    """Select rows of every cached tensor (beam search re-ranking): index_select along batch."""
-    layers = [
-        LayerCache(lc.self_kv.index_select(indices) if lc.self_kv is not None else None,
-                   lc.cross_kv.index_select(indices))
-        for lc in cache.layers
-    ]
-    return replace(cache, layers=layers, src_pad=cache.src_pad.index_select(0, indices))
+def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+    """Select hypothesis rows of the target side (beam search re-ranking within each sentence); sentences: also
+    select these rows of the source side (sentences that leave or change places). Without it the source side is
+    left as it is: a sentence's hypotheses share it, whatever their order. The target side's selection is recorded
+    (composed with one still pending) and made by the next decode step's copy of the cache."""
+    order = indices if cache.order is None else cache.order.index_select(0, indices)
+    if sentences is None:
+        return replace(cache, order=order)
+    layers = [LayerCache(lc.self_kv, lc.cross_kv.index_select(sentences)) for lc in cache.layers]
+    return replace(cache, layers=layers, src_pad=cache.src_pad.index_select(0, sentences), order=order)
 
 
 def count_parameters(model: nn.Module) -> int:

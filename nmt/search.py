@@ -40,76 +40,87 @@ def ban_early_eos(log_probs: Tensor, t: int, min_length: int) -> Tensor:
     return log_probs.index_fill(-1, torch.tensor([EOS], device=log_probs.device), float("-inf"))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra,
            min_length: int = SearchConfig.min_length) -> list[Hypothesis]:
+    """The most probable next token, step by step; a sentence leaves the batch when it ends."""
     limit = max_lengths(src, max_extra)
     cache = model.start(model.encode(src), src)
+    active = torch.arange(src.shape[0], device=src.device)  # the sentences still decoded, by their row in src
     tokens = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
     logp = torch.zeros(src.shape[0], device=src.device)
-    finished = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    done: list[Hypothesis | None] = [None] * src.shape[0]
     for t in range(1, int(limit.max()) + 1):
         logits, cache = model.decode(tokens[:, -1:], cache)
         log_probs = ban_early_eos(logits[:, -1].float().log_softmax(-1), t, min_length)
-        best = log_probs.argmax(-1).masked_fill(t >= limit, EOS).masked_fill(finished, PAD)
-        logp += log_probs.gather(1, best.clamp(min=0)[:, None]).squeeze(1).masked_fill(finished, 0.0)
+        best = log_probs.argmax(-1).masked_fill(t >= limit[active], EOS)
+        logp = logp + log_probs.gather(1, best[:, None]).squeeze(1)
         tokens = torch.cat([tokens, best[:, None]], 1)
-        finished |= best == EOS
-        if finished.all():
+        ended = best == EOS
+        if not ended.any():
+            continue
+        for i in ended.nonzero().squeeze(1).tolist():
+            done[int(active[i])] = Hypothesis(tokens[i, 1:-1].tolist(), float(logp[i]))
+        keep = (~ended).nonzero().squeeze(1)
+        if keep.numel() == 0:
             break
-    return [Hypothesis(_strip(row), float(score)) for row, score in zip(tokens[:, 1:].tolist(), logp)]
+        tokens, logp, active = tokens.index_select(0, keep), logp.index_select(0, keep), active.index_select(0, keep)
+        cache = model.reorder(cache, keep, sentences=keep)
+    return done
 
 
-def _strip(row: list[int]) -> list[int]:
-    return row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD]
-
-
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
                 max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length) -> list[Hypothesis]:
     """Best hypothesis per sentence under log p(Y|X) / lp(Y).
 
     Each step ranks the 2K best extensions of the K live beams; an EOS among the first K finishes a
     hypothesis, the K best non-EOS extensions live on. A sentence is done when its best finished
-    score cannot be beaten by any live beam: log-probabilities only fall, so a live beam's best
-    possible score is its log-probability divided by the penalty at the maximum length.
+    score cannot be beaten by any live beam (log-probabilities only fall, so a live beam's best
+    possible score is its log-probability divided by the penalty at the maximum length), and then leaves
+    the batch (OpenNMT-py's remove_finished_batches): the steps after it cost only the sentences still going.
+    The source side is computed once per sentence; its K hypotheses share it (nmt.model.DecoderCache).
     """
-    batch, k = src.shape[0], beam
+    k = beam
     limit = max_lengths(src, max_extra)  # (B,)
-    expand = torch.arange(batch, device=src.device).repeat_interleave(k)  # (B*K,)
-    cache = model.start(model.encode(src).index_select(0, expand), src.index_select(0, expand))
-    tokens = torch.full((batch * k, 1), BOS, dtype=torch.long, device=src.device)
-    alive = torch.full((batch, k), float("-inf"), device=src.device)
-    alive[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    best_finished = torch.full((batch,), float("-inf"), device=src.device)
-    done = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    offsets = torch.arange(batch, device=src.device)[:, None] * k
+    cache = model.start(model.encode(src), src)
+    active = torch.arange(src.shape[0], device=src.device)  # the sentences still decoded, by their row in src
+    # the first step expands one hypothesis per sentence (K identical ones would cost K times as much)
+    tokens = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
+    alive = torch.zeros((src.shape[0], 1), device=src.device)  # (n, hypotheses per sentence): 1, then K
+    finished: list[list[Hypothesis]] = [[] for _ in range(src.shape[0])]
+    best_finished = torch.full((src.shape[0],), float("-inf"), device=src.device)
     for t in range(1, int(limit.max()) + 1):
+        n, width = alive.shape
         logits, cache = model.decode(tokens[:, -1:], cache)
-        log_probs = ban_early_eos(logits[:, -1].float().log_softmax(-1), t, min_length).view(batch, k, -1)  # (B, K, V)
+        log_probs = ban_early_eos(logits[:, -1].float().log_softmax(-1), t, min_length).view(n, width, -1)
         vocab = log_probs.shape[-1]
-        at_limit = t >= limit
+        at_limit = t >= limit[active]
         if at_limit.any():  # the last allowed step must end with EOS
             forced = torch.full_like(log_probs, float("-inf"))
             forced[..., EOS] = log_probs[..., EOS]
             log_probs = torch.where(at_limit[:, None, None], forced, log_probs)
-        scores, ids = (alive[:, :, None] + log_probs).view(batch, -1).topk(2 * k)  # (B, 2K)
+        scores, ids = log_probs.add_(alive[:, :, None]).view(n, -1).topk(2 * k)  # (n, 2K)
         origin, token = ids // vocab, ids % vocab
         is_eos = token == EOS
         penalty = length_penalty(t, alpha)
-        for b, j in (is_eos[:, :k] & ~done[:, None] & scores[:, :k].isfinite()).nonzero().tolist():
-            hyp = Hypothesis(tokens[b * k + origin[b, j], 1:].tolist(), float(scores[b, j]) / penalty)
+        for i, j in (is_eos[:, :k] & scores[:, :k].isfinite()).nonzero().tolist():
+            b = int(active[i])
+            hyp = Hypothesis(tokens[i * width + origin[i, j], 1:].tolist(), float(scores[i, j]) / penalty)
             finished[b] = sorted(finished[b] + [hyp], key=lambda h: -h.score)[:k]
             best_finished[b] = finished[b][0].score
         alive, pick = scores.masked_fill(is_eos, float("-inf")).topk(k)  # K best live extensions
-        rows = (offsets + origin.gather(1, pick)).view(-1)
-        tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)], 1)
-        cache = model.reorder(cache, rows)
-        best_possible = alive.max(1).values / length_penalty(limit.float(), alpha)
-        done |= at_limit | (best_finished >= best_possible)
+        rows = torch.arange(n, device=src.device)[:, None] * width + origin.gather(1, pick)  # (n, K): rows continued
+        best_possible = alive.max(1).values / length_penalty(limit[active].float(), alpha)
+        done = at_limit | (best_finished[active] >= best_possible)
         if done.all():
             break
+        keep = None if not done.any() else (~done).nonzero().squeeze(1)
+        if keep is not None:  # finished sentences leave the batch
+            rows, alive, pick, token, active = rows[keep], alive[keep], pick[keep], token[keep], active[keep]
+        rows = rows.view(-1)
+        tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)], 1)
+        cache = model.reorder(cache, rows, sentences=keep)
     return [hyps[0] for hyps in finished]
 
 
@@ -122,14 +133,17 @@ class Uncached:
         self.encode = model.encode
 
     def start(self, memory: Tensor, src: Tensor):
-        return (memory, src, src.new_zeros(src.shape[0], 0))
+        return (memory, src, None)  # a row per sentence; the prefix a row per hypothesis
 
     def decode(self, tokens: Tensor, state):
         memory, src, prefix = state
-        prefix = torch.cat([prefix, tokens], 1)
+        prefix = tokens if prefix is None else torch.cat([prefix, tokens], 1)
         logits, _ = self.model.decode(prefix, self.model.start(memory, src))
         return logits[:, -tokens.shape[1]:], (memory, src, prefix)
 
     @staticmethod
-    def reorder(state, indices: Tensor):
-        return tuple(t.index_select(0, indices) for t in state)
+    def reorder(state, indices: Tensor, sentences: Tensor | None = None):
+        memory, src, prefix = state
+        if sentences is not None:
+            memory, src = memory.index_select(0, sentences), src.index_select(0, sentences)
+        return memory, src, prefix.index_select(0, indices)

@@ -10,7 +10,9 @@ int8 under EXPORTS/, then:
    the others how many reach relnmt's length limit. BLEU (sacrebleu) of beam 4 with each engine's own length
    penalty at alpha 0.6 (relnmt: GNMT's ((5 + |Y|) / 6)^alpha; CTranslate2: |Y|^alpha), float32 and int8; the
    hypotheses are written beside the JSON.
-2. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
+2. Chunks (relnmt, in one process, greedy, the sentences twice): nmt.translate's chunks sized by time against
+   one chunk of everything (the fixed 5,000-line chunk before): total seconds and when the first lines came out.
+3. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
    search (greedy, beam 4) x threads, the engines interleaved, --repeats each; medians, sentences/s, and each
    engine's time over relnmt's.
 """
@@ -67,6 +69,27 @@ def agreement(checkpoint: str, exports: dict[str, Path], sources: list[str], ref
     return report
 
 
+def chunking(checkpoint: str, sources: list[str], repeats: int) -> dict:
+    from nmt import decode
+
+    cpu = torch.device("cpu")
+    model, vocab = load_translator(checkpoint, cpu)
+    lines, search, first_chunk = sources * 2, SearchConfig(beam=1), decode.FIRST_CHUNK_LINES
+    runs: dict[str, list[tuple[float, float]]] = {"time-sized chunks": [], "one chunk": []}
+    try:
+        for _ in range(repeats):
+            for name in runs:
+                decode.FIRST_CHUNK_LINES = first_chunk if name == "time-sized chunks" else len(lines)
+                started, first = time.perf_counter(), None
+                for _chunk in decode.translate_stream(model, vocab, lines, search, cpu, len(lines)):
+                    first = first or time.perf_counter() - started
+                runs[name].append((time.perf_counter() - started, first))
+    finally:
+        decode.FIRST_CHUNK_LINES = first_chunk
+    return {name: {"lines": len(lines), "seconds": statistics.median(t for t, _ in r),
+                   "first_lines_after_s": statistics.median(f for _, f in r)} for name, r in runs.items()}
+
+
 def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int) -> dict:
     times: dict[str, list[float]] = {}
     for _ in range(repeats):
@@ -107,6 +130,8 @@ def main() -> None:
               "command": " ".join(["python", "scripts/bench_deploy.py", *sys.argv[1:]])}
     report["agreement"] = agreement(args.checkpoint, exports, sources, refs, args.output)
     print(json.dumps(report["agreement"], indent=1, default=str)[:2000], flush=True)
+    report["chunks"] = chunking(args.checkpoint, sources, args.repeats)
+    print(json.dumps(report["chunks"], indent=1), flush=True)
     report["speed"] = speed({"relnmt": args.checkpoint, **{k: str(v) for k, v in exports.items()}}, source,
                             args.threads, args.repeats)
     for key, row in report["speed"].items():

@@ -92,7 +92,7 @@ def test_reorder_selects_rows():
         cache = model.start(model.encode(src), src)
         _, cache = model.decode(tgt[:, :2], cache)
         order = torch.tensor([2, 2, 0])
-        logits, _ = model.decode(tgt[order, 2:3], reorder(cache, order))
+        logits, _ = model.decode(tgt[order, 2:3], reorder(cache, order, sentences=order))
         want, _ = model.decode(tgt[order, :3], model.start(model.encode(src[order]), src[order]))
     torch.testing.assert_close(logits[:, 0], want[:, 2], atol=1e-5, rtol=1e-5)
 

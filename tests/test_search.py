@@ -21,16 +21,16 @@ class ScriptedModel:
         return src
 
     def start(self, memory, src):
-        return torch.zeros((src.shape[0], 0), dtype=torch.long)
+        return None  # the prefix, once the first tokens come (one row per hypothesis)
 
     def decode(self, tokens, prefix):
-        prefix = torch.cat([prefix, tokens], 1)
+        prefix = tokens if prefix is None else torch.cat([prefix, tokens], 1)
         step = prefix.shape[1] - 1
         rows = [self.table.get((step, prev), self.later) for prev in prefix[:, -1].tolist()]
         return torch.tensor(rows).log()[:, None, :], prefix
 
     @staticmethod
-    def reorder(prefix, indices):
+    def reorder(prefix, indices, sentences=None):
         return prefix.index_select(0, indices)
 
 

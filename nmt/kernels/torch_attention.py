@@ -50,7 +50,9 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
         key_bias = edge_scores.gather(-1, buckets.expand(*q.shape[:-1], nk))  # (B, H, Nq, Nk)
         return sdpa(q, k, v, key_bias, mask, empty_rows, dropout_p)
     rel_v = window.cut(rel_v).to(q.dtype)
-    if torch.compiler.is_compiling():  # plain ops: the compiler derives the backward and fuses the n^2 work
+    # plain ops under the compiler (it derives the backward and fuses the n^2 work), and for a decoding step (one
+    # query, no backward: the hand-written function's heads-first copies of the cache cost more than they save)
+    if torch.compiler.is_compiling() or (nq == 1 and not torch.is_grad_enabled()):
         return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
 

@@ -140,20 +140,19 @@ def translate_lines(model: Transformer, vocab: Vocab, lines: list[str], search: 
     return [vocab.decode(row) for row in translate_ids(model, ids, search, device, progress)]
 
 
-# Chunks start small and grow while they finish quickly, so the first lines come out within seconds whatever the
-# input's length, a killed run keeps what it finished a few seconds before, and a long file still reaches chunks of
-# buffer_lines (length-sorted batches: the throughput of big chunks).
+# Chunks start small and are then sized to take about CHUNK_SECONDS each: the first lines come out within a second
+# whatever the input's length, a killed run keeps what it finished a few seconds before, and a long file still
+# reaches chunks of up to buffer_lines (length-sorted batches: the throughput of big chunks) within a few chunks.
 FIRST_CHUNK_LINES = 8
-CHUNK_SECONDS = 4.0  # a chunk that took less than half of this doubles the next; more than twice, halves it
+CHUNK_SECONDS = 3.0
+MAX_GROWTH = 8  # a chunk at most 8 times the last one (and at least half of it): the first timings are rough
 
 
 def next_chunk_lines(lines: int, seconds: float, most: int) -> int:
-    """The size of the next chunk after one of `lines` lines took `seconds`: at most `most`, at least 1."""
-    if seconds < CHUNK_SECONDS / 2:
-        return min(most, 2 * lines)
-    if seconds > 2 * CHUNK_SECONDS:
-        return max(1, lines // 2)
-    return lines
+    """The size of the next chunk after one of `lines` lines took `seconds`: aimed at CHUNK_SECONDS, at most `most`,
+    at least 1."""
+    factor = min(MAX_GROWTH, max(0.5, CHUNK_SECONDS / max(seconds, 1e-6)))
+    return min(most, max(1, round(lines * factor)))
 
 
 def translate_stream(model: Transformer, vocab: Vocab, lines: Iterable[str], search: SearchConfig,

@@ -122,9 +122,10 @@ def test_the_first_line_comes_before_the_input_ends(checkpoint):
         job.wait()
 
 
-def test_chunks_grow_while_fast_and_shrink_when_slow():
-    assert decode.next_chunk_lines(8, 0.01, 5000) == 16
-    assert decode.next_chunk_lines(4096, 0.5, 5000) == 5000  # up to buffer_lines
+def test_chunks_are_sized_to_a_few_seconds():
+    assert decode.next_chunk_lines(8, 0.01, 5000) == 64  # fast: at most 8 times larger
+    assert decode.next_chunk_lines(1024, 0.3, 5000) == 5000  # up to buffer_lines
+    assert decode.next_chunk_lines(600, decode.CHUNK_SECONDS / 2, 5000) == 1200  # aimed at CHUNK_SECONDS
     assert decode.next_chunk_lines(64, decode.CHUNK_SECONDS, 5000) == 64
-    assert decode.next_chunk_lines(64, 3 * decode.CHUNK_SECONDS, 5000) == 32
+    assert decode.next_chunk_lines(64, 10 * decode.CHUNK_SECONDS, 5000) == 32  # slow: at least half
     assert decode.next_chunk_lines(1, 100.0, 5000) == 1

@@ -22,7 +22,7 @@ MODEL ?= base
 DATA ?= wmt14_en_de
 EXTRA ?=
 
-.PHONY: table1 table2 table3 beyond length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average export decode score \
+.PHONY: table1 table2 table3 beyond descendants length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average export decode score \
         ablate-k ablate-kv bench check-nproc check-kernels
 
 install: .venv/installed
@@ -115,6 +115,10 @@ table1 table2 table3 beyond: install
 
 length-study: install
 	$(PY) scripts/sweep.py length --jobs $(JOBS)
+
+# Shaw against T5's bias, ALiBi and RoPE on Table 1's recipe, 3 seeds, both pairs (hours on a CPU)
+descendants: install
+	$(PY) scripts/sweep.py descendants --jobs $(JOBS)
 
 # README tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
 plots: install

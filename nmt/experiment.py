@@ -10,12 +10,14 @@ same model later. The hypotheses are written next to the result so anyone can re
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import shutil
 import sys
 import threading
 import time
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -23,7 +25,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.checkpoint import load_checkpoint, lock_folder
-from nmt.config import ConfigError, SearchConfig, TrainJob, register_schemas
+from nmt.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, SearchConfig, TrainConfig, TrainJob,
+                        register_schemas)
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import DataError, read_lines
 from nmt.decode import load_translator, translate_lines
@@ -65,12 +68,28 @@ def run_identity(overrides: list[str]) -> str:
     return json.dumps(resolved, sort_keys=True)
 
 
-def same_config(a, b) -> bool:
-    """Equal resolved configs; a field only one side has counts as equal when it is null there (a field added
-    to the schema after a run was recorded, left at its null default)."""
+def schema_default(path: tuple[str, ...]):
+    """The schema's default of a resolved config's field (("model", "t5_buckets") -> 32), None where it has none."""
+    sections = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+    if len(path) != 2 or path[0] not in sections:
+        return None
+    field = next((f for f in dataclasses.fields(sections[path[0]]) if f.name == path[1]), None)
+    default = None if field is None or field.default is dataclasses.MISSING else field.default
+    return default.value if isinstance(default, Enum) else default
+
+
+def same_config(a, b, path: tuple[str, ...] = ()) -> bool:
+    """Equal resolved configs; a field only one side has counts as equal when the other side holds null or the
+    schema's default there (a field added to the schema after a run was recorded, left at its default)."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return all(same_config(a.get(name), b.get(name)) for name in set(a) | set(b))
+        return all(same_config(a.get(name, MISSING), b.get(name, MISSING), (*path, name)) for name in set(a) | set(b))
+    if a is MISSING or b is MISSING:
+        present = b if a is MISSING else a
+        return present is None or present == schema_default(path)
     return a == b
+
+
+MISSING = object()  # a field one side of same_config does not have
 
 
 def find_same_run(identity: str, results: Path, exclude: Path) -> Path | None:

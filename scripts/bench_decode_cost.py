@@ -60,12 +60,9 @@ def cache_bytes(cache) -> int:
 def decode_steps(model: Transformer, src: torch.Tensor, steps: int, beam: int, step_times: list | None = None):
     """`steps` cached decoder steps for every source (beam > 1: beam hypotheses each, reordered every step)."""
     generator = torch.Generator().manual_seed(0)
-    memory = model.encode(src)
-    if beam > 1:
-        src, memory = src.repeat_interleave(beam, 0), memory.repeat_interleave(beam, 0)
-    cache = model.start(memory, src)
-    token = torch.full((src.shape[0], 1), BOS, device=src.device)
-    base = torch.arange(0, src.shape[0], beam, device=src.device).repeat_interleave(beam)
+    cache = model.start(model.encode(src), src)  # the source side once per sentence, as nmt.search keeps it
+    token = torch.full((src.shape[0] * beam, 1), BOS, device=src.device)
+    base = torch.arange(0, src.shape[0] * beam, beam, device=src.device).repeat_interleave(beam)
     for _ in range(steps):
         start = time.perf_counter()
         logits, cache = model.decode(token, cache)

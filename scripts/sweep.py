@@ -1,6 +1,6 @@
 """Run the small-scale tables (the paper's Tables 1-3 and the length study) on the bundled Multi30k.
 
-    python scripts/sweep.py table1|table2|table3|beyond|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
+    python scripts/sweep.py table1|table2|table3|beyond|descendants|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
 
 Every run of a table has the same recipe (configs/experiment/table1.yaml, or length.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
@@ -57,10 +57,19 @@ TABLES = {
         "en-fr.learned": ("en-fr", ["model.position=learned"]),
         "en-fr.both": ("en-fr", ["model.position=both"]),
     }},
+    # Shaw against its descendants (T5's bucketed bias, ALiBi, RoPE) on Table 1's recipe: absolute and relative are
+    # Table 1's runs, copied.
+    "descendants": {"seeds": [1, 2, 3], "rows": {
+        f"{pair}.{position}": (pair, [] if position == "relative" else [f"model.position={position}"])
+        for pair in ("en-de", "en-fr") for position in ("absolute", "relative", "t5", "alibi", "rope")
+    }},
     "length": {"seeds": [1, 2], "rows": {
         "absolute": ("en-de", ["model.position=absolute"]),
         "relative": ("en-de", []),
         "learned": ("en-de", ["model.position=learned"]),  # beyond the paper: a table trained only up to ~12 words
+        "t5": ("en-de", ["model.position=t5"]),  # Shaw's descendants: do they extrapolate past the training lengths?
+        "alibi": ("en-de", ["model.position=alibi"]),
+        "rope": ("en-de", ["model.position=rope"]),
     }},
 }
 KEPT = ("result.json", "config.yaml", "train.log")

@@ -40,7 +40,7 @@ RULES = [
     (r"^python -m torch.distributed.run --nnodes=2", "skip: several GPU nodes"),
     (r"^python -m nmt.train model=base data=wmt14_en_de", f"skip: {HUB}; {GPU}"),
     (r"^python -m nmt.train$", "mention: the module's name"),
-    (r"^python -m nmt.export$", "mention: the module's name"),
+    (r"^python -m nmt.(export|translate)$", "mention: the module's name"),
     (r"^python -m nmt\.\*$", "mention: the modules' names"),
     (r"^python -m nmt.train (-m )?model\.", f" {SMALL_TRAIN}"),
     (r"^python -m nmt.train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",

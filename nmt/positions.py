@@ -90,7 +90,7 @@ def rotate(x: Tensor, r: Rotation) -> Tensor:
     """x (B, H, N, D) with each pair (x_2c, x_2c+1), read as the complex number x_2c + i x_2c+1, times e^(i angle):
     computed in the angles' precision (fp32 at least: bf16 would blur the phase of far positions), returned in x's
     dtype. One complex multiplication: a single pass over x forward and backward (the half-split layout's four
-    real products took twice as long on a CPU, scripts/bench_positions.py)."""
+    real products took twice as long on a CPU in a one-off timing beside it)."""
     work = x.to(r.cos.dtype)
     if torch.compiler.is_compiling():  # real ops, which the compiler fuses into one kernel
         even, odd = work[..., 0::2], work[..., 1::2]

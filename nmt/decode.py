@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.cpu_linear import onednn_preferred, use_onednn
 from nmt.config import Position, Precision, SearchConfig, model_config_from_dict
 from nmt.data.batching import pad_rows
 from nmt.data.vocab import Vocab
@@ -65,8 +66,12 @@ class ExportedModel:
 
 
 def load_translator(checkpoint: str | Path, device: torch.device, backend: AttentionBackend | None = None,
-                    precision: Precision = Precision.auto) -> tuple[Transformer | ExportedModel, Vocab]:
-    """A relnmt checkpoint, or a directory that nmt.export wrote (run by CTranslate2 in `precision`)."""
+                    precision: Precision = Precision.auto, onednn: bool | None = None
+                    ) -> tuple[Transformer | ExportedModel, Vocab]:
+    """A relnmt checkpoint, or a directory that nmt.export wrote (run by CTranslate2 in `precision`).
+
+    onednn: a checkpoint's linear layers run by oneDNN on a CPU (nmt.cpu_linear); None: where it is the faster
+    library (x86 CPUs not made by Intel)."""
     exported = Path(checkpoint)
     if exported.is_dir():
         if not (exported / EXPORTED_CONFIG).is_file():
@@ -80,6 +85,8 @@ def load_translator(checkpoint: str | Path, device: torch.device, backend: Atten
     model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0],
                         backend)
     model.load_state_dict(state["model"])
+    if device.type == "cpu" and (onednn_preferred() if onednn is None else onednn):
+        use_onednn(model)
     return model.to(device).eval(), vocab
 
 

@@ -129,6 +129,11 @@ class DecoderLayer(nn.Module):
         return x, LayerCache(new_self_kv, cache.cross_kv)
 
 
+def tied_output(h: Tensor, embedding: Tensor) -> Tensor:
+    """Logits over the vocabulary from the shared embedding matrix."""
+    return h @ embedding.t()
+
+
 class Transformer(nn.Module):
     """Shared source/target/output embedding over one joint vocabulary.
 
@@ -141,6 +146,7 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, 0.0, cfg.d_model**-0.5)
         nn.init.zeros_(self.embed.weight[PAD])
         self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.output_linear = tied_output  # the output projection's GEMM (nmt.cpu_linear swaps it for decoding)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, backend) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == Norm.pre  # pre-norm stacks end with a LayerNorm; post-norm already did
@@ -197,7 +203,7 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.decoder, cache.layers):
             x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order)
             layers.append(layer_cache)
-        logits = self.decoder_norm(x) @ self.embed.weight.t()  # (B, Nt, V)
+        logits = self.output_linear(self.decoder_norm(x), self.embed.weight)  # (B, Nt, V)
         return logits, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])  # the order is applied
 
     @staticmethod

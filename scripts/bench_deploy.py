@@ -12,7 +12,9 @@ int8 under EXPORTS/, then:
    hypotheses are written beside the JSON.
 2. Chunks (relnmt, in one process, greedy, the sentences twice): nmt.translate's chunks sized by time against
    one chunk of everything (the fixed 5,000-line chunk before): total seconds and when the first lines came out.
-3. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
+3. GEMM library (relnmt, in one process, one thread): the linear layers by PyTorch's BLAS (MKL) and by oneDNN
+   (nmt.cpu_linear; the default on x86 CPUs not made by Intel): identical lines and medians of seconds.
+4. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
    search (greedy, beam 4) x threads, the engines interleaved, --repeats each; medians, sentences/s, and each
    engine's time over relnmt's.
 """
@@ -33,8 +35,10 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from nmt.config import SearchConfig
+from nmt.cpu_linear import onednn_preferred
 from nmt.decode import encode_lines, load_translator, translate_ids
 from nmt.export import export
+from nmt.runtime import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "multi30k" / "test_2016_flickr"
@@ -90,6 +94,30 @@ def chunking(checkpoint: str, sources: list[str], repeats: int) -> dict:
                    "first_lines_after_s": statistics.median(f for _, f in r)} for name, r in runs.items()}
 
 
+def gemm_library(checkpoint: str, sources: list[str], repeats: int) -> dict:
+    cpu, threads = torch.device("cpu"), torch.get_num_threads()
+    torch.set_num_threads(1)
+    models = {"blas": load_translator(checkpoint, cpu, onednn=False)[0],
+              "onednn": load_translator(checkpoint, cpu, onednn=True)[0]}
+    ids = encode_lines(load_translator(checkpoint, cpu)[1], sources, None)
+    report = {"onednn_preferred_here": onednn_preferred(), "machine": machine(cpu)}
+    try:
+        for name, search in (("greedy", SearchConfig(beam=1)), ("beam4", SearchConfig(beam=4, alpha=0.6))):
+            times: dict[str, list[float]] = {"blas": [], "onednn": []}
+            outputs = {}
+            for _ in range(repeats):
+                for library, model in models.items():  # interleaved
+                    started = time.perf_counter()
+                    outputs[library] = translate_ids(model, ids, search, cpu)
+                    times[library].append(time.perf_counter() - started)
+            blas, onednn = (statistics.median(times[k]) for k in ("blas", "onednn"))
+            report[name] = {"identical": sum(a == b for a, b in zip(outputs["blas"], outputs["onednn"])),
+                            "of": len(ids), "blas_s": blas, "onednn_s": onednn, "speedup": blas / onednn}
+    finally:
+        torch.set_num_threads(threads)
+    return report
+
+
 def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int) -> dict:
     times: dict[str, list[float]] = {}
     for _ in range(repeats):
@@ -132,6 +160,8 @@ def main() -> None:
     print(json.dumps(report["agreement"], indent=1, default=str)[:2000], flush=True)
     report["chunks"] = chunking(args.checkpoint, sources, args.repeats)
     print(json.dumps(report["chunks"], indent=1), flush=True)
+    report["gemm_library"] = gemm_library(args.checkpoint, sources, args.repeats)
+    print(json.dumps(report["gemm_library"], indent=1), flush=True)
     report["speed"] = speed({"relnmt": args.checkpoint, **{k: str(v) for k, v in exports.items()}}, source,
                             args.threads, args.repeats)
     for key, row in report["speed"].items():

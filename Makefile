@@ -76,7 +76,7 @@ train-smoke: install
 	  train.save_every_steps=10 train.average_last=2 train.log_every=10 train.valid_every=0 train.device=cpu
 
 average: install
-	$(PY) -m nmt.average $(dir $(CKPT)) --last $(or $(LAST),20) --output $(CKPT)
+	$(PY) -m nmt.average directory=$(dir $(CKPT)) last=$(or $(LAST),20) output=$(CKPT)
 
 # A CTranslate2 model directory beside the checkpoint (QUANT=int8 for int8 weights); python -m nmt.translate
 # checkpoint=<that directory> translates with it

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 LAST = "checkpoint_last.pt"
 PREVIOUS = "checkpoint_prev.pt"
-WEIGHTS = ("model", "config", "vocab", "data", "step")  # what a numbered checkpoint keeps
+WEIGHTS = ("model", "config", "vocab", "data", "step", "saved_for")  # what a numbered checkpoint keeps
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
@@ -68,6 +68,28 @@ def numbered_checkpoints(directory: str | Path) -> list[Path]:
     """checkpoint_<update>.pt files, oldest update first."""
     found = [(int(m.group(1)), p) for p in Path(directory).glob("checkpoint_*.pt") if (m := _NUMBERED.search(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def checkpoints_to_average(directory: str | Path, last: int) -> tuple[list[Path], list[Path]]:
+    """(the newest `last` regular checkpoints, the newer ones left out): regular ones were saved at the save cadence
+    or at the run's end; one saved when a signal stopped the run between two saves is left out (it would weigh a
+    few updates' weights as much as a whole interval's). Reads each newest-first, memory-mapped."""
+    taken: list[Path] = []
+    left_out: list[Path] = []
+    for path in reversed(numbered_checkpoints(directory)):
+        if len(taken) == last:
+            break
+        (left_out if load_checkpoint(path, mmap=True).get("saved_for") == "signal" else taken).append(path)
+    return taken[::-1], left_out[::-1]
+
+
+def averaging_note(paths: list[Path], left_out: list[Path], output: Path) -> str:
+    """The one line that says which checkpoints an average took, and which it left out and why."""
+    note = f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}"
+    if left_out:
+        note += (f"; left out {', '.join(p.name for p in left_out)}: saved when a signal stopped the run, off the "
+                 "save cadence")
+    return note
 
 
 def save_numbered(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:

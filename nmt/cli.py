@@ -1,10 +1,21 @@
 """The Hydra entry point every `python -m nmt.*` job shares: overrides checked before Hydra runs the job, so a
-mistyped key exits 2 with one line, like an out-of-range value, instead of Hydra's multi-line report and exit 1."""
+mistyped key exits 2 with one line, like an out-of-range value, instead of Hydra's multi-line report and exit 1;
+`--help` that lists the job's own fields, each with its description and default, read from the schema
+dataclasses (nmt/config.py: a field's description is the comment on its line); and one line for a `--flag`, since
+options are key=value."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import difflib
 import functools
+import inspect
+import io
+import os
 import sys
+import tokenize
+from enum import Enum
 from pathlib import Path
 
 import hydra
@@ -31,18 +42,144 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     return None
 
 
+def field_descriptions(schema: type) -> dict[str, str]:
+    """{field: the comment on its line} of a dataclass (the schema is each description's one home)."""
+    source = inspect.getsource(schema)
+    comments = {token.start[0]: token.string.lstrip("#").strip()
+                for token in tokenize.generate_tokens(io.StringIO(source).readline) if token.type == tokenize.COMMENT}
+    body = ast.parse(source).body[0].body
+    return {node.target.id: comments.get(node.lineno, "") for node in body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)}
+
+
+def schema_fields(schema: type, prefix: str = "") -> dict[str, tuple[type | None, str]]:
+    """{dotted field: (its dataclass when it is a group, else None; description)}, every level of the schema. An
+    enum field's description ends with its choices."""
+    described = {}
+    for klass in reversed(schema.__mro__):  # a subclass (DecodeJob) adds to its base's fields (SearchConfig)
+        if dataclasses.is_dataclass(klass):
+            described.update(field_descriptions(klass))
+    fields = {}
+    for f in dataclasses.fields(schema):
+        group = f.type if isinstance(f.type, type) and dataclasses.is_dataclass(f.type) else None
+        if group is None:
+            group = next((t for t in _config_types() if t.__name__ == f.type), None)
+        description = described.get(f.name, "")
+        choices = next((t for t in _config_types(Enum) if t.__name__ == f.type), None)
+        if choices is not None and not all(c.value in description for c in choices):
+            description += f" ({' | '.join(c.value for c in choices)})"
+        fields[prefix + f.name] = (group, description.strip())
+        if group is not None:
+            fields.update(schema_fields(group, f"{prefix}{f.name}."))
+    return fields
+
+
+def _config_types(base: type | None = None) -> list[type]:
+    """nmt.config's dataclasses (or its subclasses of `base`): a field's type is a name under postponed annotations."""
+    from nmt import config
+
+    return [t for t in vars(config).values() if isinstance(t, type)
+            and (issubclass(t, base) and t is not base if base else dataclasses.is_dataclass(t))]
+
+
+def shown(value) -> str:
+    """A default as an override writes it."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+EXAMPLES = {"train": "model=base data=local train.max_steps=1000", "prepare": "data=multi30k_en_fr data.vocab_size=16000",
+            "decode": "checkpoint=run/averaged.pt input=test.en beam=1", "score": "hyp=test.hyp.de ref=test.de",
+            "export": "checkpoint=run/averaged.pt output=run/ct2", "average": "directory=outputs/run last=5"}
+
+
+def help_text(config_name: str, schema: type, tool: str, doc: str | None) -> str:
+    """--help: usage, then each group of the job (with its presets) and each field with its default and description."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name)
+    defaults = OmegaConf.to_container(cfg, resolve=False)
+    fields = schema_fields(schema)
+    lines = [f"usage: python -m nmt.{tool} [key=value ...]", "",
+             *(inspect.cleandoc(doc).splitlines()[:1] if doc else []), "",
+             f"Options are key=value (Hydra overrides), never --flags: e.g. {EXAMPLES[config_name]}."]
+    presets = {group: sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+               for group in ("model", "data", "experiment") if (CONFIGS / group).is_dir()}
+    if config_name == "train":
+        lines += ["", f"+experiment=NAME  a recipe over the presets: {', '.join(presets['experiment'])}"]
+    chosen = {k: v for entry in OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{config_name}.yaml").defaults)
+              if isinstance(entry, dict) for k, v in entry.items()}  # the presets the defaults below come from
+    width = min(40, max(len(name) + len(shown(_lookup(defaults, name))) for name, (group, _) in fields.items()
+                        if group is None) + 3)
+    for name, (group, description) in fields.items():
+        if group is not None:
+            offered = (f" (presets: {name}={'|'.join(presets[name])}; below: {name}={chosen[name]})"
+                       if name in presets and name in chosen else "")
+            lines += ["", f"{name}: {description}".rstrip() + offered]
+            continue
+        entry = f"{name}={shown(_lookup(defaults, name))}"
+        lines.append(f"  {entry:<{width}}{description}" if len(entry) < width else f"  {entry}  {description}")
+    return "\n".join(lines)
+
+
+def _lookup(tree, dotted: str):
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return "???" if tree == "???" else tree
+
+
+HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-r", "--resolve", "-p", "--package",
+               "-i", "--info", "-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-m",
+               "--multirun", "-sc", "--shell-completion", "--run", "--experimental-rerun"}
+
+
+def flag_error(args: list[str], schema: type) -> str | None:
+    """One line for the first argument written as a --flag (options are key=value), with the nearest field."""
+    for i, arg in enumerate(args):
+        name = arg.split("=", 1)[0]
+        if not arg.startswith("-") or name in HYDRA_FLAGS or arg.lstrip("-")[:1].isdigit():
+            continue
+        key = name.lstrip("-").replace("-", "_")
+        value = arg.split("=", 1)[1] if "=" in arg else (args[i + 1] if i + 1 < len(args) and "=" not in args[i + 1]
+                                                        and not args[i + 1].startswith("-") else "VALUE")
+        fields = [f for f, (group, _) in schema_fields(schema).items() if group is None]
+        leaves = {f.rsplit(".", 1)[-1]: f for f in fields}
+        near = ([f for f in fields if f == key] or [leaves[k] for k in difflib.get_close_matches(key, leaves, 1, 0.75)]
+                or difflib.get_close_matches(key, fields, 1, 0.75))
+        hint = f": did you mean {near[0]}={value}?" if near else ""
+        return f"options are key=value, not {name}{hint}"
+    return None
+
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
-def hydra_job(config_name: str, interrupted: str = "interrupted"):
-    """@hydra.main for configs/<config_name>.yaml, after the overrides' check (exit 2, one line naming the key).
-    Ctrl-C (a KeyboardInterrupt that the job did not handle) ends it with `interrupted` on one line, exit 130."""
+def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
+    """@hydra.main for configs/<config_name>.yaml (whose fields `schema` describes), after the overrides' check
+    (exit 2, one line naming the key). --help and -h print help_text; a --flag gets one line (exit 2). Ctrl-C (a
+    KeyboardInterrupt that the job did not handle) ends it with `interrupted` on one line, exit 130."""
     def wrap(task):
         hydra_main = hydra.main(version_base="1.3", config_path="../configs", config_name=config_name)(task)
 
         @functools.wraps(task)
         def entry():
             args = sys.argv[1:]
+            tool = Path(sys.argv[0]).stem
+            if "--help" in args or "-h" in args:
+                try:
+                    print(help_text(config_name, schema, tool, sys.modules[task.__module__].__doc__))
+                    sys.stdout.flush()
+                except BrokenPipeError:  # `--help | head`
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(0)
+            if (error := flag_error(args, schema)) is not None:
+                print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
+                sys.exit(2)
             # any flag (-m, --config-name, --cfg, -sc, ...) or a sweep: Hydra's own checks, as they are
             if not any(arg.startswith(("-", "hydra.mode=")) for arg in args):
                 error = override_error(config_name, args)

@@ -46,13 +46,13 @@ class Norm(str, Enum):
 
 @dataclass
 class ModelConfig:
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    d_model: int = 512
-    heads: int = 8
-    ffn_dim: int = 1024
+    encoder_layers: int = 6  # encoder layers (N)
+    decoder_layers: int = 6  # decoder layers (N)
+    d_model: int = 512  # model width: embeddings and every sublayer's output
+    heads: int = 8  # attention heads (d_model / heads per head)
+    ffn_dim: int = 1024  # the feed-forward sublayer's hidden width
     dropout: float = 0.1  # embeddings, residuals, attention probabilities and FFN hidden
-    position: Position = Position.relative
+    position: Position = Position.relative  # how positions enter: Shaw's edge tables, sinusoids, ...
     # clip, rel_key, rel_value, share_heads: the edge tables of position=relative|both; other modes ignore them
     clip: int = 16  # k: relative distances are clipped to [-k, k]
     rel_key: bool = True  # a^K (Eq. 4)
@@ -60,7 +60,7 @@ class ModelConfig:
     share_heads: bool = False  # one edge table per layer (big) instead of per layer and head (base)
     t5_buckets: int = 32  # position=t5: buckets of j - i (each direction gets half in the encoder), as T5
     t5_max_distance: int = 128  # position=t5: distances from here on share the last bucket, as T5
-    norm: Norm = Norm.pre
+    norm: Norm = Norm.pre  # LayerNorm before each sublayer (pre) or after its residual add (post)
     max_positions: int = 1024  # longest sequence the position table covers (absolute, both, learned)
 
     def check(self) -> "ModelConfig":
@@ -97,18 +97,18 @@ def model_config_from_dict(fields: dict) -> ModelConfig:
 @dataclass
 class DataConfig:
     name: str = MISSING  # multi30k | wmt14 | local
-    src: str = "en"
-    tgt: str = "de"
+    src: str = "en"  # source language: file suffix and the pair's first half
+    tgt: str = "de"  # target language
     # data=local: file prefixes, read as PREFIX.<src> and PREFIX.<tgt> (plain or .gz)
-    train: Optional[str] = None
-    valid: Optional[str] = None
-    test: Optional[str] = None
+    train: Optional[str] = None  # data=local: training files' prefix
+    valid: Optional[str] = None  # data=local: validation files' prefix
+    test: Optional[str] = None  # data=local: test files' prefix (optional)
     # data=multi30k: folder with {train,val,test_2016_flickr}.<lang>.gz
-    root: str = "data/multi30k"
+    root: str = "data/multi30k"  # data=multi30k: the folder of its .gz files
     # data=wmt14: Hugging Face hub dataset and config
-    hub_name: str = "wmt/wmt14"
-    hub_config: Optional[str] = None
-    vocab_size: int = 8000
+    hub_name: str = "wmt/wmt14"  # data=wmt14: the Hugging Face hub dataset
+    hub_config: Optional[str] = None  # data=wmt14: the dataset config (de-en, fr-en)
+    vocab_size: int = 8000  # shared SentencePiece vocabulary size (WMT14 and local presets: 32,768)
     vocab_sample: int = 4_000_000  # sentences sampled to train SentencePiece (input_sentence_size)
     max_len: int = 250  # training pairs longer than this (subword tokens, either side) are dropped
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
@@ -153,12 +153,12 @@ class OptimConfig:
     """Adam with the inverse-square-root schedule of Vaswani et al. 2017 (or a linear decay for short runs)."""
 
     lr_scale: float = 1.0  # lr = lr_scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    warmup: int = 4000
-    schedule: Schedule = Schedule.inverse_sqrt
-    beta1: float = 0.9
-    beta2: float = 0.98
-    eps: float = 1e-9
-    label_smoothing: float = 0.1
+    warmup: int = 4000  # updates of linear warmup; the peak rate is d_model^-0.5 * warmup^-0.5
+    schedule: Schedule = Schedule.inverse_sqrt  # the rate after warmup
+    beta1: float = 0.9  # Adam's beta1
+    beta2: float = 0.98  # Adam's beta2
+    eps: float = 1e-9  # Adam's epsilon
+    label_smoothing: float = 0.1  # epsilon_ls of the label-smoothed loss
     clip_norm: float = 0.0  # 0 = no clipping (the paper's recipe); the norm is logged either way
 
     def check(self) -> "OptimConfig":
@@ -179,15 +179,15 @@ class TrainConfig:
     max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
     update_freq: int = 1  # micro-batches accumulated per update (1 GPU reaches the 8-GPU batch with 8)
-    save_every_steps: int = 1000
+    save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)
     save_every_minutes: float = 0.0  # 0 = off; the paper's big model saves every 10 minutes
-    keep_last: int = 20
+    keep_last: int = 20  # numbered checkpoints kept (older ones deleted); 0 = all
     average_last: int = 0  # at the end, average the last N checkpoints into output_dir/averaged.pt
-    seed: int = 1
-    output_dir: str = "${hydra:runtime.output_dir}"
+    seed: int = 1  # initialization, dropout and data order
+    output_dir: str = "${hydra:runtime.output_dir}"  # checkpoints, logs; default outputs/<model>_<data>[.overrides]
     device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: cuda, each rank its own)
-    precision: Precision = Precision.auto
-    log_every: int = 100
+    precision: Precision = Precision.auto  # mixed precision (auto: bf16 or fp16 on a GPU, fp32 on a CPU)
+    log_every: int = 100  # a log line (and TensorBoard scalars) every N updates
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
     max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
@@ -210,10 +210,10 @@ class TrainConfig:
 
 @dataclass
 class TrainJob:
-    model: ModelConfig = MISSING
-    data: DataConfig = MISSING
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    model: ModelConfig = MISSING  # the Transformer
+    data: DataConfig = MISSING  # the corpus, its vocabulary and filters (prepared on the first run)
+    optim: OptimConfig = field(default_factory=OptimConfig)  # Adam and the learning-rate schedule
+    train: TrainConfig = field(default_factory=TrainConfig)  # the run: budget, batch, checkpoints, device
 
     def check(self) -> "TrainJob":
         self.model.check(), self.data.check(), self.optim.check(), self.train.check()
@@ -222,7 +222,7 @@ class TrainJob:
 
 @dataclass
 class PrepareJob:
-    data: DataConfig = MISSING
+    data: DataConfig = MISSING  # the corpus, its vocabulary and filters
     force: bool = False  # rebuild even when the manifest says the prepared data is up to date
 
 
@@ -250,10 +250,11 @@ class SearchConfig:
 
 @dataclass
 class DecodeJob(SearchConfig):
-    checkpoint: str = MISSING
-    input: Optional[str] = None  # default: stdin
-    output: Optional[str] = None  # default: stdout
+    checkpoint: str = MISSING  # a relnmt checkpoint (averaged.pt), or a folder nmt.export wrote
+    input: Optional[str] = None  # the file to translate, one sentence per line (plain or .gz); default: stdin
+    output: Optional[str] = None  # the translations, one line per input line; default: stdout
     buffer_lines: int = 5000  # input lines read, translated (length-sorted) and written at a time: bounds memory
+    nbest: int = 1  # > 1: that many translations per line with their scores ("INDEX ||| TRANSLATION ||| SCORE"); <= beam
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: Precision = Precision.auto  # auto: bf16 autocast on a GPU that has it, else fp32
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
@@ -262,6 +263,7 @@ class DecodeJob(SearchConfig):
         super().check()
         require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
+        require(1 <= self.nbest <= self.beam, "nbest", self.nbest, f"in [1, beam={self.beam}]")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self
 
@@ -282,9 +284,20 @@ class ExportJob:
 
 
 @dataclass
+class AverageJob:
+    directory: str = MISSING  # a training output folder holding checkpoint_<update>.pt files
+    last: int = MISSING  # how many of its newest regular checkpoints to average (a signal's stop-time save is left out)
+    output: Optional[str] = None  # the averaged checkpoint to write; default: <directory>/averaged.pt
+
+    def check(self) -> "AverageJob":
+        require(self.last >= 1, "last", self.last, ">= 1")
+        return self
+
+
+@dataclass
 class ScoreJob:
-    hyp: str = MISSING
-    ref: str = MISSING
+    hyp: str = MISSING  # the translations (detokenized), one line per line of ref
+    ref: str = MISSING  # the reference translations
     lang: Optional[str] = None  # target language for the Moses tokenizer; default: the ref file's suffix, else "de"
     output: Optional[str] = None  # also write the results as JSON here
 
@@ -322,5 +335,6 @@ def register_schemas() -> None:
     store.store(name="decode_schema", node=DecodeJob)
     store.store(name="score_schema", node=ScoreJob)
     store.store(name="export_schema", node=ExportJob)
+    store.store(name="average_schema", node=AverageJob)
     store.store(group="model", name="schema", node=ModelConfig)
     store.store(group="data", name="schema", node=DataConfig)

@@ -22,7 +22,7 @@ from nmt.data.batching import pad_rows
 from nmt.data.vocab import Vocab
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import EOS, Transformer
-from nmt.search import beam_search, greedy
+from nmt.search import Hypothesis, beam_search_nbest, greedy
 
 log = logging.getLogger("nmt.translate")
 
@@ -52,16 +52,22 @@ class ExportedModel:
                                                  compute_type=COMPUTE_TYPES[precision], intra_threads=threads)
 
     def translate_ids(self, ids: list[list[int]], search: SearchConfig) -> list[list[int]]:
+        return [hyps[0].tokens for hyps in self.search_ids(ids, search)]
+
+    def search_ids(self, ids: list[list[int]], search: SearchConfig, nbest: int = 1) -> list[list[Hypothesis]]:
+        """As nmt.decode.search_ids; the scores are CTranslate2's (its own length penalty)."""
         rows = [i for i, row in enumerate(ids) if row]
-        outputs: list[list[int]] = [[] for _ in ids]
+        outputs: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * nbest for _ in ids]
         if not rows:
             return outputs
         results = self.translator.translate_batch(
             [[self.pieces[t] for t in ids[i]] for i in rows], beam_size=search.beam, length_penalty=search.alpha,
             max_decoding_length=max(len(ids[i]) for i in rows) + search.max_extra,
-            min_decoding_length=search.min_length, max_batch_size=search.max_tokens, batch_type="tokens")
+            min_decoding_length=search.min_length, max_batch_size=search.max_tokens, batch_type="tokens",
+            num_hypotheses=nbest, return_scores=True)
         for i, result in zip(rows, results):  # each line's own limit, as relnmt's (the chunk's longest above)
-            outputs[i] = [self.ids[piece] for piece in result.hypotheses[0][: len(ids[i]) + search.max_extra]]
+            outputs[i] = [Hypothesis([self.ids[piece] for piece in tokens[: len(ids[i]) + search.max_extra]], score)
+                          for tokens, score in zip(result.hypotheses, result.scores)]
         return outputs
 
 
@@ -110,14 +116,23 @@ def encode_lines(vocab: Vocab, lines: list[str], limit: int | None, first_line: 
     return ids
 
 
-@torch.inference_mode()
 def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig, device: torch.device,
                   progress: bool = False) -> list[list[int]]:
     """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""
     if isinstance(model, ExportedModel):
         return model.translate_ids(ids, search)
+    return [hyps[0].tokens for hyps in search_ids(model, ids, search, device, progress)]
+
+
+@torch.inference_mode()
+def search_ids(model: Transformer | ExportedModel, ids: list[list[int]], search: SearchConfig, device: torch.device,
+               progress: bool = False, nbest: int = 1) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses of each input (token ids), best first, in input order. An empty input gets
+    `nbest` empty hypotheses of score 0 without decoding."""
+    if isinstance(model, ExportedModel):
+        return model.search_ids(ids, search, nbest)
     order = [i for i in np.argsort([len(row) for row in ids], kind="stable") if ids[i]]
-    outputs: list[list[int]] = [[] for _ in ids]
+    outputs: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * nbest for _ in ids]
     bar = tqdm(total=len(order), unit=" sent", disable=not progress, file=sys.stderr)
     start = 0
     while start < len(order):
@@ -127,11 +142,12 @@ def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig
         batch = order[start:end]
         src = pad_rows([np.asarray(ids[i]) for i in batch], suffix=EOS).to(device)
         if search.beam == 1:
-            hyps = greedy(model, src, search.max_extra, search.min_length)
+            found = [[hyp] for hyp in greedy(model, src, search.max_extra, search.min_length)]
         else:
-            hyps = beam_search(model, src, search.beam, search.alpha, search.max_extra, search.min_length)
-        for i, hyp in zip(batch, hyps):
-            outputs[i] = hyp.tokens
+            found = beam_search_nbest(model, src, search.beam, search.alpha, search.max_extra, search.min_length,
+                                      nbest)
+        for i, hyps in zip(batch, found):
+            outputs[i] = hyps
         bar.update(len(batch))
         start = end
     bar.close()
@@ -162,15 +178,27 @@ def next_chunk_lines(lines: int, seconds: float, most: int) -> int:
     return min(most, max(1, round(lines * factor)))
 
 
+def nbest_blocks(model: Transformer, vocab: Vocab, lines: list[str], search: SearchConfig, device: torch.device,
+                 nbest: int, first_line: int = 1) -> list[str]:
+    """One block per line: its `nbest` best translations, best first, one per line as Moses' n-best lists write
+    them, "INDEX ||| TRANSLATION ||| SCORE": INDEX the input line's number from 0, SCORE the search's (log p(Y|X) /
+    GNMT's penalty for relnmt, CTranslate2's own for an export)."""
+    ids = encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens), first_line)
+    return ["\n".join(f"{index} ||| {vocab.decode(hyp.tokens)} ||| {hyp.score:.4f}" for hyp in hyps)
+            for index, hyps in enumerate(search_ids(model, ids, search, device, nbest=nbest), first_line - 1)]
+
+
 def translate_stream(model: Transformer, vocab: Vocab, lines: Iterable[str], search: SearchConfig,
-                     device: torch.device, chunk_lines: int) -> Iterator[list[str]]:
+                     device: torch.device, chunk_lines: int, nbest: int = 1) -> Iterator[list[str]]:
     """The translations of `lines` chunk by chunk (at most chunk_lines input lines each, length-sorted within the
     chunk, sized by time: next_chunk_lines), each chunk in input order, as soon as it is done: memory holds one
-    chunk whatever the input's size, and a caller that writes each chunk loses at most the chunk in progress."""
+    chunk whatever the input's size, and a caller that writes each chunk loses at most the chunk in progress.
+    nbest > 1: each line's translation is its block of nbest_blocks."""
     source, first, size = iter(lines), 1, min(chunk_lines, FIRST_CHUNK_LINES)
     while chunk := list(itertools.islice(source, size)):
         started = time.monotonic()
-        translations = translate_lines(model, vocab, chunk, search, device, first_line=first)
+        translations = (translate_lines(model, vocab, chunk, search, device, first_line=first) if nbest == 1 else
+                        nbest_blocks(model, vocab, chunk, search, device, nbest, first_line=first))
         size = next_chunk_lines(len(chunk), time.monotonic() - started, chunk_lines)
         yield translations
         first += len(chunk)

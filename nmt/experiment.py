@@ -1,6 +1,6 @@
 """One budgeted experiment end to end: train -> average -> decode -> score, with a result record.
 
-    python -m nmt.experiment --output DIR [--split test|valid] [--result FILE] [overrides ...]
+    python -m nmt.experiment --output DIR [--split test|valid] [--lines N] [--result FILE] [overrides ...]
 
 The demo (scripts/demo.py) and the table sweeps (scripts/sweep.py) are this function with different
 overrides. The training budget is train.max_steps (updates), never minutes, so a slower machine gives the
@@ -152,13 +152,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, type=Path, help="training folder (removed first if present)")
     parser.add_argument("--split", choices=["test", "valid"], default="test", help="the set to decode and score")
+    parser.add_argument("--lines", type=int, help="decode and score only the first N sentences of the split")
     parser.add_argument("--result", type=Path, help="also write the result JSON here (default: OUTPUT/result.json)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training job")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()
     try:
-        result = train_and_score(args.overrides, args.output, args.split)
+        result = train_and_score(args.overrides, args.output, args.split, lines=args.lines)
     except (ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -196,7 +196,7 @@ length^alpha; relnmt's (GNMT) by ((5 + length) / 6)^alpha: at alpha = 0 the two 
 register_schemas()
 
 
-@hydra_job("export")
+@hydra_job("export", ExportJob)
 def main(cfg) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
     job: ExportJob = OmegaConf.to_object(cfg)

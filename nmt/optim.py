@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -63,7 +64,10 @@ def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     optimizer.zero_grad(set_to_none=True)
 
 
+log = logging.getLogger("nmt.train")
+
 FP16_OVERFLOW = "fp16 gradient overflow"
+MIN_LOSS_SCALE = 1e-4  # fairseq's --min-loss-scale: below it, fp16 "overflows" are a gradient that is never finite
 
 
 def skip_cause(loss_sum: float, grad_norm: float, loss_scaling: bool) -> str | None:
@@ -75,3 +79,37 @@ def skip_cause(loss_sum: float, grad_norm: float, loss_scaling: bool) -> str | N
     if not math.isfinite(grad_norm):
         return FP16_OVERFLOW if loss_scaling else "non-finite gradient (the loss was finite)"
     return None
+
+
+class SkipGuard:
+    """The trainer's rule for updates that must not step (skip_cause): each is logged with its cause; fp16
+    overflows are the scaler's routine until its scale falls below MIN_LOSS_SCALE; other causes stop the run after
+    max_in_a_row in a row (FloatingPointError, with what to change)."""
+
+    def __init__(self, max_in_a_row: int):
+        self.max_in_a_row = max_in_a_row
+        self.in_a_row = 0  # non-finite updates in a row (fp16 overflows not counted)
+        self.skipped = 0  # in this process's run, for the log
+
+    def record(self, cause: str | None, update: int, scaler: torch.amp.GradScaler) -> bool:
+        """Whether update number `update` (from 1) was skipped; raises when skipping can no longer help."""
+        if cause is None:
+            self.in_a_row = 0
+            return False
+        self.skipped += 1
+        if cause == FP16_OVERFLOW:  # the scaler's routine: it lowered its scale
+            scale = scaler.get_scale()
+            log.info("update %d skipped: %s; loss scale lowered to %g (%d updates skipped in this run)", update, cause,
+                     scale, self.skipped)
+            if scale < MIN_LOSS_SCALE:  # gradients that stay non-finite whatever the scale: not an overflow
+                raise FloatingPointError(f"the fp16 loss scale fell to {scale:g} at update {update}: the gradients "
+                                         "are not finite at any scale; use train.precision=bf16 or fp32")
+            return True
+        self.in_a_row += 1
+        log.warning("update %d skipped: %s (%d in a row, %d in this run); the parameters did not move", update, cause,
+                    self.in_a_row, self.skipped)
+        if self.in_a_row >= self.max_in_a_row:
+            raise FloatingPointError(f"{self.in_a_row} updates in a row skipped ({cause}) at update {update}; lower "
+                                     "optim.lr_scale, raise optim.warmup, set optim.clip_norm, or use "
+                                     "train.precision=fp32")
+        return True

@@ -6,7 +6,7 @@ import sys
 from omegaconf import OmegaConf
 
 from nmt.cli import hydra_job
-from nmt.config import ConfigError, DataConfig, register_schemas
+from nmt.config import ConfigError, DataConfig, PrepareJob, register_schemas
 from nmt.data.pipeline import prepare
 from nmt.data.readers import DataError
 
@@ -14,7 +14,7 @@ log = logging.getLogger("nmt.prepare")
 register_schemas()
 
 
-@hydra_job("prepare")
+@hydra_job("prepare", PrepareJob)
 def main(cfg) -> None:
     data: DataConfig = OmegaConf.to_object(cfg.data)
     try:

@@ -65,7 +65,7 @@ def score_files(hyp: str | Path, ref: str | Path, lang: str) -> dict:
 register_schemas()
 
 
-@hydra_job("score")
+@hydra_job("score", ScoreJob)
 def main(cfg) -> None:
     job: ScoreJob = OmegaConf.to_object(cfg)
     suffix = Path(job.ref).suffix.lstrip(".")

@@ -69,19 +69,29 @@ def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra,
     return done
 
 
-@torch.inference_mode()
 def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
                 max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length) -> list[Hypothesis]:
-    """Best hypothesis per sentence under log p(Y|X) / lp(Y).
+    """Best hypothesis per sentence under log p(Y|X) / lp(Y) (beam_search_nbest with nbest=1)."""
+    return [hyps[0] for hyps in beam_search_nbest(model, src, beam, alpha, max_extra, min_length)]
+
+
+@torch.inference_mode()
+def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
+                      max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length,
+                      nbest: int = 1) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses per sentence (nbest <= beam), best first, under log p(Y|X) / lp(Y).
 
     Each step ranks the 2K best extensions of the K live beams; an EOS among the first K finishes a
     hypothesis, the K best non-EOS extensions live on. A sentence is done when its best finished
     score cannot be beaten by any live beam (log-probabilities only fall, so a live beam's best
-    possible score is its log-probability divided by the penalty at the maximum length), and then leaves
+    possible score is its log-probability divided by the penalty at the maximum length; with nbest > 1: its
+    nbest-th best finished score, so the list is the search's exact n best), and then leaves
     the batch (OpenNMT-py's remove_finished_batches): the steps after it cost only the sentences still going.
     The source side is computed once per sentence; its K hypotheses share it (nmt.model.DecoderCache).
     """
     k = beam
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest={nbest} must be in [1, beam={beam}]")
     limit = max_lengths(src, max_extra)  # (B,)
     cache = model.start(model.encode(src), src)
     active = torch.arange(src.shape[0], device=src.device)  # the sentences still decoded, by their row in src
@@ -108,7 +118,8 @@ def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float 
             b = int(active[i])
             hyp = Hypothesis(tokens[i * width + origin[i, j], 1:].tolist(), float(scores[i, j]) / penalty)
             finished[b] = sorted(finished[b] + [hyp], key=lambda h: -h.score)[:k]
-            best_finished[b] = finished[b][0].score
+            if len(finished[b]) >= nbest:  # the score a live beam must beat to change the n-best list
+                best_finished[b] = finished[b][nbest - 1].score
         alive, pick = scores.masked_fill(is_eos, float("-inf")).topk(k)  # K best live extensions
         rows = torch.arange(n, device=src.device)[:, None] * width + origin.gather(1, pick)  # (n, K): rows continued
         best_possible = alive.max(1).values / length_penalty(limit[active].float(), alpha)
@@ -121,7 +132,7 @@ def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float 
         rows = rows.view(-1)
         tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)], 1)
         cache = model.reorder(cache, rows, sentences=keep)
-    return [hyps[0] for hyps in finished]
+    return [hyps[:nbest] for hyps in finished]
 
 
 class Uncached:

@@ -13,6 +13,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,8 +25,9 @@ from nmt.checkpoint import (
     CheckpointError,
     check_same_data,
     check_same_model,
+    averaging_note,
+    checkpoints_to_average,
     hold_folder,
-    numbered_checkpoints,
     rank_rng,
     write_average,
 )
@@ -38,7 +40,7 @@ from nmt.kernels.dispatch import AttentionBackend, model_cases
 from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics
 from nmt.model import Transformer, count_parameters
-from nmt.optim import FP16_OVERFLOW, make_optimizer, set_learning_rate, skip_cause, step_optimizer
+from nmt.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
 from nmt.runtime import (
     Env,
     autocast,
@@ -75,6 +77,11 @@ class UpdateStats:
                 "grad_norm": self.grad_norm, "tokens": self.tokens}
 
 
+def job_dict(job: TrainJob) -> dict:
+    """The job as plain values, as checkpoints record it."""
+    return OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
+
+
 class Trainer:
     """The training state (model, optimizer, loss scaler, data position), one update (train_step) and the loop
     around it (train: checkpoints, validation, signals, logging). Every rank builds one."""
@@ -92,22 +99,24 @@ class Trainer:
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the data position after them
-        self.bad_updates = 0  # skipped for a non-finite loss or gradient, in a row (fp16 overflows not counted)
-        self.skipped_updates = 0  # in this process's run, for the log
+        self.skips = SkipGuard(self.cfg.max_bad_updates)
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
         self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
+        self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
 
-    def state_dict(self, rng: list[dict] | None = None) -> dict:
-        """The whole training state; rng: every rank's generator states, by rank (default: this process's)."""
+    def state_dict(self, rng: list[dict] | None = None, saved_for: str = "cadence") -> dict:
+        """The whole training state; rng: every rank's generator states, by rank (default: this process's);
+        saved_for: "cadence" (train.save_every_*), "end" (the run's last update) or "signal" (a stop off the cadence:
+        nmt.average leaves these out)."""
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
             "data": self.data.identity,
-            "config": self.state_dict_config(),
+            "config": job_dict(self.job), "saved_for": saved_for, "train_seconds": self.train_seconds(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -115,10 +124,12 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
+        self.earlier_seconds = state.get("train_seconds", 0.0)
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
 
-    def state_dict_config(self) -> dict:
-        return OmegaConf.to_container(OmegaConf.structured(self.job), resolve=True, enum_to_str=True)
+    def train_seconds(self) -> float:
+        """Wall-clock seconds of training so far, over every session of the run (resumes included)."""
+        return self.earlier_seconds + time.monotonic() - self.start_time
 
     def check_attention(self) -> None:
         """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
@@ -176,27 +187,10 @@ class Trainer:
                             int(read["tokens"]), stop, read["save_due"] > 0)
         cause = skip_cause(read["loss"], read["grad_norm"], self.scaler.is_enabled())
         step_optimizer(self.optimizer, self.scaler, cause is None)
-        if cause is None:
-            self.bad_updates = 0
-            self.step += 1
-            return stats
-        self.skipped_updates += 1
-        if cause == FP16_OVERFLOW:  # the scaler's routine: it lowered its scale
-            scale = self.scaler.get_scale()
-            log.info("update %d skipped: %s; loss scale lowered to %g (%d updates skipped in this run)",
-                     self.step + 1, cause, scale, self.skipped_updates)
-            if scale < MIN_LOSS_SCALE:  # gradients that stay non-finite whatever the scale: not an overflow
-                raise FloatingPointError(f"the fp16 loss scale fell to {scale:g} at update {self.step + 1}: the "
-                                         "gradients are not finite at any scale; use train.precision=bf16 or fp32")
+        if self.skips.record(cause, self.step + 1, self.scaler):
             return replace(stats, skipped=True)
-        self.bad_updates += 1
-        log.warning("update %d skipped: %s (%d in a row, %d in this run); the parameters did not move",
-                    self.step + 1, cause, self.bad_updates, self.skipped_updates)
-        if self.bad_updates >= self.cfg.max_bad_updates:
-            raise FloatingPointError(f"{self.bad_updates} updates in a row skipped ({cause}) at update "
-                                     f"{self.step + 1}; lower optim.lr_scale, raise optim.warmup, set optim.clip_norm, "
-                                     f"or use train.precision=fp32")
-        return replace(stats, skipped=True)
+        self.step += 1
+        return stats
 
     def train(self) -> str | None:
         """The updates, with checkpoints and validation on the way; every rank takes part throughout. Returns
@@ -205,17 +199,14 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
-            check_same_model(state, self.state_dict_config()["model"], self.data.vocab_size, self.out)
+            check_same_model(state, job_dict(self.job)["model"], self.data.vocab_size, self.out)
             check_same_data(state, self.data.identity, self.data.spm_model, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         self.check_attention()
         self.metrics = Metrics(self.out, env.main, cfg.max_steps, self.step)
-        log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
-                 env.world_size, env.device, self.amp_dtype or "fp32",
-                 ", torch.compile" if self.train_model is not self.data_parallel else "",
-                 f"{count_parameters(self.model):,}", cfg.max_tokens * cfg.update_freq * env.world_size)
+        log_setup(self)
         stream = Prefetcher(training_stream(self.data.train, cfg.max_tokens, cfg.seed, env.rank, env.world_size,
                                             self.epoch, self.batch_index),
                             depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
@@ -234,21 +225,41 @@ class Trainer:
                 if cfg.valid_every and self.step % cfg.valid_every == 0 and not stop:
                     self.metrics.log("valid", self.step, self.validate(self.model))
                     validated = self.step
-                if self.step % cfg.save_every_steps == 0 or stats.save_due or stop:
-                    self.checkpoints.save(self.state_dict, self.step, final=stop is not None)
+                on_cadence = self.step % cfg.save_every_steps == 0 or stats.save_due
+                if on_cadence or stop:
+                    saved_for = "cadence" if on_cadence else "signal" if stop == "signal" else "end"
+                    self.checkpoints.save(partial(self.state_dict, saved_for=saved_for), self.step,
+                                          final=stop is not None)
                     last_save = time.monotonic()
         self.metrics.close()
         if self.checkpoints.saved_step != self.step:
-            self.checkpoints.save(self.state_dict, self.step, final=True)
+            self.checkpoints.save(partial(self.state_dict, saved_for="end"), self.step, final=True)
         if stop != "signal" and validated != self.step:
+            self.final_started = time.monotonic()
+            if env.main:
+                log.info("final validation at update %d: loss on the validation set, then greedy BLEU on %d "
+                         "sentences", self.step, cfg.valid_bleu_sentences)
             self.final_valid = self.validate.loss(self.model)
-        if stop == "signal":
-            log.warning("stopped by %s at update %d with a complete checkpoint in %s: run the same command again to "
-                        "continue (exit code %d)", signals["received"] or "a signal on another rank", self.step,
-                        self.out, EXIT_STOPPED)
-        elif stop == "time":
-            log.info("train.max_minutes=%g reached at update %d", cfg.max_minutes, self.step)
+        log_stop(self, stop, signals["received"])
         return stop
+
+
+def log_setup(trainer: Trainer) -> None:
+    cfg, env = trainer.cfg, trainer.env
+    log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
+             env.world_size, env.device, trainer.amp_dtype or "fp32",
+             ", torch.compile" if trainer.train_model is not trainer.data_parallel else "",
+             f"{count_parameters(trainer.model):,}", cfg.max_tokens * cfg.update_freq * env.world_size)
+
+
+def log_stop(trainer: Trainer, stop: str | None, received: str | None) -> None:
+    """What ended the run early, if anything, and what to do next."""
+    if stop == "signal":
+        log.warning("stopped by %s at update %d with a complete checkpoint in %s: run the same command again to "
+                    "continue (exit code %d)", received or "a signal on another rank", trainer.step, trainer.out,
+                    EXIT_STOPPED)
+    elif stop == "time":
+        log.info("train.max_minutes=%g reached at update %d", trainer.cfg.max_minutes, trainer.step)
 
 
 def finish(trainer: Trainer) -> None:
@@ -256,13 +267,13 @@ def finish(trainer: Trainer) -> None:
     (20 big checkpoints on a slow file system) cannot trip a collective timeout on the other ranks."""
     if trainer.final_valid is not None:
         trainer.metrics.log("valid", trainer.step, {**trainer.final_valid, **trainer.validate.bleu(trainer.model)})
+        log.info("final validation took %.1f s", time.monotonic() - trainer.final_started)
     if trainer.cfg.average_last > 0:
-        paths = numbered_checkpoints(trainer.out)[-trainer.cfg.average_last:]
-        log.info("averaged %d checkpoints into %s", len(paths), write_average(paths, trainer.out / "averaged.pt"))
-    log.info("done: %d updates in %.1f minutes", trainer.step, (time.monotonic() - trainer.start_time) / 60)
-
-
-MIN_LOSS_SCALE = 1e-4  # fairseq's --min-loss-scale: below it, fp16 "overflows" are a gradient that is never finite
+        paths, left_out = checkpoints_to_average(trainer.out, trainer.cfg.average_last)
+        log.info("%s", averaging_note(paths, left_out, write_average(paths, trainer.out / "averaged.pt")))
+    session = (time.monotonic() - trainer.start_time) / 60
+    log.info("done: %d updates in %.1f minutes of training%s", trainer.step, trainer.train_seconds() / 60,
+             f" ({session:.1f} in this session)" if trainer.earlier_seconds else "")
 
 
 class TrainingStopped(Exception):
@@ -306,8 +317,8 @@ def run(job: TrainJob) -> Path:
 register_schemas()
 
 
-@hydra_job("train", interrupted="stopped at once: the updates since the last checkpoint are lost; run the same "
-                                 "command again to continue from it")
+@hydra_job("train", TrainJob, interrupted="stopped at once: the updates since the last checkpoint are lost; run the "
+                                           "same command again to continue from it")
 def main(cfg) -> None:
     job: TrainJob = OmegaConf.to_object(cfg)
     try:

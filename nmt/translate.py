@@ -1,4 +1,4 @@
-"""python -m nmt.translate checkpoint=PATH [beam=4 alpha=0.6] [input=FILE] [output=FILE]
+"""python -m nmt.translate checkpoint=PATH [beam=4 alpha=0.6] [input=FILE] [output=FILE] [nbest=N]
 
 Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
 exactly one output line per input line, in input order, written and flushed chunk by chunk: the first chunks are
@@ -8,6 +8,9 @@ chunk. A reader that goes away (`| head`) ends it quietly. Empty or whitespace-o
 empty lines. A line longer than max_input_tokens subword tokens (default 1,024, as fairseq's
 --max-source-positions) is cut to that length with a warning naming it, never dropped, so one stray paragraph or
 binary blob costs bounded time; a model with absolute (sinusoid) positions also cuts at its table's length.
+nbest=N (<= beam) writes N lines per input line instead, its N best translations, best first, as Moses' n-best
+lists: "INDEX ||| TRANSLATION ||| SCORE", INDEX the input line's number from 0 (one block per input line, streamed
+the same way).
 """
 
 from __future__ import annotations
@@ -59,6 +62,16 @@ def open_source(path: Optional[str]):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+def count_lines(path: str) -> int:
+    """Lines in a file (plain or .gz), as decode_source_lines will read them: a last line without its newline
+    counts."""
+    count, last = 0, b"\n"
+    with open_source(path) as source:
+        while block := source.read(1 << 20):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
+
+
 register_schemas()
 
 
@@ -70,7 +83,7 @@ def quiet_stdout() -> None:
     os.close(devnull)
 
 
-@hydra_job("decode", interrupted="interrupted: every finished line is written")
+@hydra_job("decode", DecodeJob, interrupted="interrupted: every finished line is written")
 def main(cfg) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
     job: DecodeJob = OmegaConf.to_object(cfg)
@@ -81,10 +94,13 @@ def main(cfg) -> None:
 
         interactive = job.input is None and sys.stdin.isatty()  # answer each line as it is typed
         out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
-        bar = tqdm(unit=" lines", disable=job.input is None, file=sys.stderr, mininterval=1.0)
+        # lines as they are written; a file's total (counted first, fast) gives the bar its rate and ETA
+        bar = tqdm(total=count_lines(job.input) if job.input else None, unit=" lines", disable=job.input is None,
+                   file=sys.stderr, mininterval=1.0)
         with open_source(job.input) as source, autocast(device, dtype):
             lines = decode_source_lines(source, job.input or "<stdin>")
-            for chunk in translate_stream(model, vocab, lines, job, device, 1 if interactive else job.buffer_lines):
+            for chunk in translate_stream(model, vocab, lines, job, device, 1 if interactive else job.buffer_lines,
+                                          job.nbest):
                 out.write("".join(translation + "\n" for translation in chunk))
                 out.flush()  # a chunk done is a chunk kept, whatever happens next
                 bar.update(len(chunk))

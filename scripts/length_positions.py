@@ -21,15 +21,14 @@ import statistics
 import sys
 from pathlib import Path
 
+from results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines  # scripts/ is sys.path[0]
+
+from nmt.checkpoint import CheckpointError
+from nmt.data.pipeline import open_prepared, prepare
+from nmt.data.vocab import Vocab
+from nmt.experiment import compose_job
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines  # noqa: E402
-
-from nmt.checkpoint import CheckpointError  # noqa: E402
-from nmt.data.pipeline import open_prepared, prepare  # noqa: E402
-from nmt.data.vocab import Vocab  # noqa: E402
-from nmt.experiment import compose_job  # noqa: E402
 
 
 def study_data():

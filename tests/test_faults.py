@@ -109,6 +109,7 @@ def test_sigterm_stops_every_rank_at_one_update_and_the_rerun_continues_bit_iden
     assert f"exitcode  : {EXIT_STOPPED}" in stderr or f"exit code {EXIT_STOPPED}" in stderr
     stopped = load_checkpoint(tmp_path / LAST)
     assert 5 <= stopped["step"] < STEPS  # saved though save_every_steps was never reached
+    assert stopped["saved_for"] == "signal"  # off the cadence: nmt.average leaves it out
     result = finished(torchrun(*overrides(prepared, tmp_path, save_every_steps=1000)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert_same_parameters(tmp_path / LAST, uninterrupted)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt import train as train_module
-from nmt.average import main as average_main
+from nmt.average import main_flags
 from nmt.checkpoint import (
     LAST,
     PREVIOUS,
@@ -109,14 +109,14 @@ def test_checkpoint_contents_and_retention(prepared, tmp_path):
 def test_average_equals_parameter_mean(prepared, tmp_path):
     run(job(prepared, tmp_path, max_steps=6))
     out = tmp_path / "avg.pt"
-    assert average_main([str(tmp_path), "--last", "3", "--output", str(out)]) == 0
+    assert main_flags([str(tmp_path), "--last", "3", "--output", str(out)]) == 0
     states = [params(tmp_path / f"checkpoint_{s:07d}.pt") for s in (2, 4, 6)]
     averaged = params(out)
     for name, tensor in averaged.items():
         want = sum(s[name].double() for s in states) / 3
         torch.testing.assert_close(tensor.double(), want, rtol=1e-6, atol=1e-7)
     assert not torch.equal(averaged["embed.weight"], states[-1]["embed.weight"])
-    assert average_main([str(tmp_path), "--last", "9", "--output", str(out)]) == 2
+    assert main_flags([str(tmp_path), "--last", "9", "--output", str(out)]) == 2
 
 
 def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):

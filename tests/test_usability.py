@@ -1,0 +1,139 @@
+"""What a new user meets first: --help, a --flag, averaging after a stop, progress and n-best lists (issue 34)."""
+
+import gzip
+
+import pytest
+import torch
+
+from nmt import config
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.cli import flag_error, help_text, schema_fields
+from nmt.search import beam_search, beam_search_nbest
+from nmt.train import run
+from nmt.translate import count_lines
+from tests.conftest import ROOT
+from tests.test_search import real_model, sources
+from tests.test_train import job
+from tests.test_translate import cli
+
+JOBS = {"train": config.TrainJob, "prepare": config.PrepareJob, "decode": config.DecodeJob,
+        "score": config.ScoreJob, "export": config.ExportJob, "average": config.AverageJob}
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_every_field_of_every_job_has_a_description(name):
+    fields = schema_fields(JOBS[name])
+    assert fields and all(description for _, description in fields.values()), \
+        [f for f, (_, d) in fields.items() if not d]
+
+
+def test_help_lists_the_tools_own_fields_with_defaults_and_descriptions():
+    train = help_text("train", config.TrainJob, "train", "python -m nmt.train ...: the training loop.")
+    assert "  model.clip=16" in train and "k: relative distances are clipped to [-k, k]" in train
+    assert "model.d_model=256" in train  # the default preset's value (model=tiny), not the dataclass's 512
+    assert "presets: model=base|big|tiny" in train and "+experiment=NAME" in train
+    assert "schema" not in train and "checkpoint=" not in train
+    decode = help_text("decode", config.DecodeJob, "translate", None)
+    assert "  beam=4" in decode and "nbest=1" in decode and "GNMT length penalty exponent" in decode
+    assert "model." not in decode and "data." not in decode and "experiment" not in decode
+
+
+def test_help_from_the_command_line():
+    result = cli("nmt.translate", "--help")
+    assert result.returncode == 0 and "checkpoint=???" in result.stdout and "schema" not in result.stdout
+
+
+def test_a_flag_gets_one_line_with_the_nearest_field():
+    assert flag_error(["--max-steps", "10"], config.TrainJob) == \
+        "options are key=value, not --max-steps: did you mean train.max_steps=10?"
+    assert flag_error(["--warmpu=10"], config.TrainJob).endswith("did you mean optim.warmup=10?")
+    assert flag_error(["--beam", "5"], config.DecodeJob).endswith("did you mean beam=5?")
+    assert flag_error(["--zzzz"], config.DecodeJob) == "options are key=value, not --zzzz"
+    assert flag_error(["model=tiny", "-m", "--cfg", "job"], config.TrainJob) is None  # Hydra's own flags
+    result = cli("nmt.train", "--max-steps", "10")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "train.max_steps=10" in result.stderr
+
+
+def weights_checkpoint(path, step, value, saved_for):
+    save_checkpoint({"model": {"w": torch.full((2,), float(value))}, "step": step, "saved_for": saved_for}, path)
+
+
+def test_average_leaves_out_a_checkpoint_saved_at_a_signal(tmp_path):
+    for step, saved_for in ((100, "cadence"), (113, "signal"), (200, "cadence"), (300, "end")):
+        weights_checkpoint(tmp_path / f"checkpoint_{step:07d}.pt", step, step, saved_for)
+    result = cli("nmt.average", f"directory={tmp_path}", "last=3")
+    assert result.returncode == 0, result.stderr
+    averaged = load_checkpoint(tmp_path / "averaged.pt")
+    assert averaged["averaged_from"] == ["checkpoint_0000100.pt", "checkpoint_0000200.pt", "checkpoint_0000300.pt"]
+    torch.testing.assert_close(averaged["model"]["w"], torch.full((2,), 200.0))
+    assert "left out checkpoint_0000113.pt: saved when a signal stopped the run" in result.stderr
+    old_flags = cli("nmt.average", str(tmp_path), "--last", "2", "--output", str(tmp_path / "two.pt"))
+    assert old_flags.returncode == 0 and load_checkpoint(tmp_path / "two.pt")["model"]["w"][0] == 250.0
+    too_many = cli("nmt.average", f"directory={tmp_path}", "last=4")
+    assert too_many.returncode == 2 and "has 3 regular ones (1 more saved at a signal" in too_many.stderr
+
+
+def test_final_validation_and_the_runs_total_time_are_logged(prepared, tmp_path, capfd):
+    run(job(prepared, tmp_path, max_steps=2, valid_every=0, valid_bleu_sentences=4))
+    logged = capfd.readouterr().err
+    assert "final validation at update 2" in logged and "final validation took" in logged
+    first = load_checkpoint(tmp_path / "checkpoint_0000002.pt")
+    assert first["saved_for"] == "cadence"
+    seconds = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_seconds"]
+    assert seconds > 0
+    run(job(prepared, tmp_path, max_steps=3, valid_every=0, valid_bleu_sentences=0))
+    assert load_checkpoint(tmp_path / "checkpoint_0000003.pt")["saved_for"] == "end"  # off the cadence of 2
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_seconds"] > seconds  # both sessions
+    done = next(line for line in capfd.readouterr().err.splitlines() if "nmt.train: done: " in line)
+    assert "minutes of training (" in done and "in this session)" in done
+
+
+def test_count_lines_counts_what_translate_reads(tmp_path):
+    (tmp_path / "a").write_bytes(b"one\ntwo\n\nfour")
+    (tmp_path / "b").write_bytes(b"")
+    with gzip.open(tmp_path / "c.gz", "wb") as f:
+        f.write(b"x\n" * 1000)
+    assert [count_lines(str(tmp_path / n)) for n in ("a", "b", "c.gz")] == [4, 0, 1000]
+
+
+def test_nbest_lists_are_the_search_best_first():
+    model, src = real_model(), sources(5)
+    best = beam_search(model, src, beam=4, alpha=0.6, max_extra=8)
+    lists = beam_search_nbest(model, src, beam=4, alpha=0.6, max_extra=8, nbest=3)
+    for one, hyps in zip(best, lists):
+        assert len(hyps) == 3 and hyps[0].tokens == one.tokens and hyps[0].score == pytest.approx(one.score)
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 3
+    with pytest.raises(ValueError, match="nbest=5"):
+        beam_search_nbest(model, src, beam=4, nbest=5)
+
+
+def test_translate_nbest_writes_one_block_per_line(checkpoint, tmp_path):
+    lines = ["A man rides a bike.", "", "A dog runs."]
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = cli("nmt.translate", f"checkpoint={checkpoint}", f"input={src}", "nbest=3")
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" ||| ") for line in result.stdout.splitlines()]
+    assert [int(index) for index, _, _ in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert all(len(row) == 3 and float(row[2]) <= 0 for row in rows)
+    assert rows[3][1] == "" and float(rows[3][2]) == 0.0  # an empty line: empty translations
+    one = cli("nmt.translate", f"checkpoint={checkpoint}", f"input={src}")
+    assert [rows[0][1], rows[3][1], rows[6][1]] == one.stdout.splitlines()  # the first of each block is the 1-best
+    assert "3/3" in result.stderr  # progress in lines, with the file's total
+
+
+def test_no_script_edits_sys_path():
+    for script in (ROOT / "scripts").glob("*.py"):
+        text = script.read_text()
+        assert "sys.path.insert" not in text and "sys.path.append" not in text, script.name
+
+
+def test_classes_stay_one_concept_in_size():
+    import ast
+
+    for path in (ROOT / "nmt").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno - node.lineno + 1 <= 160, f"{path.name}: {node.name}"
+

@@ -33,12 +33,17 @@ REFERENCE = {
     "table1": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute"},
     "table2": {f"k{k}": "k16" for k in (0, 1, 2, 4, 64)},
     "table3": {"key": "key+value", "value": "key+value", "neither": "key+value"},
-    "length": {"relative": "absolute", "learned": ("absolute", "relative")},
+    "length": {"relative": "absolute", **{row: ("absolute", "relative") for row in ("learned", "t5", "alibi", "rope")}},
+    "descendants": {**{f"{pair}.relative": f"{pair}.absolute" for pair in ("en-de", "en-fr")},
+                    **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then Shaw
+                       for pair in ("en-de", "en-fr") for row in ("t5", "alibi", "rope")}},
     "beyond": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute", "en-de.shared": "en-de.relative",
                **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then relative
                   for pair in ("en-de", "en-fr") for row in ("learned", "both")}},
 }
-ORDER = {"length": ["absolute", "relative", "learned"],
+DESCENDANTS = ("absolute", "relative", "t5", "alibi", "rope")
+ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
+         "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr") for row in DESCENDANTS],
          "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
@@ -83,9 +88,18 @@ def seed_paired(row: dict[int, dict], other: dict[int, dict], refs: list[str]) -
             [r for _ in seeds for r in refs])
 
 
+def parameters(result: dict) -> int:
+    """The row's parameter count, from the model config and vocabulary size its result records."""
+    from nmt.config import ModelConfig
+    from nmt.model import Transformer, count_parameters
+
+    return count_parameters(Transformer(ModelConfig(**result["config"]["model"]), result["config"]["data"]["vocab_size"]))
+
+
 def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> str:
-    lines = ["| row | seeds | sacreBLEU (mean ± std) | chrF | compound-split BLEU | paper | vs | p (paired bootstrap) |",
-             "|---|---|---|---|---|---|---|---|"]
+    counted = table == "descendants"  # the issue asks each row's parameter count beside its BLEU
+    lines = ["| row | seeds | sacreBLEU (mean ± std) | chrF | compound-split BLEU | paper | vs | p (paired bootstrap) |"
+             + (" parameters |" if counted else ""), "|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
     refs_by_pair = {}
     for name, seeds in rows.items():
         pair = next(iter(seeds.values()))["pair"]
@@ -102,7 +116,8 @@ def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> st
         lines.append(f"| {name} | {len(results)} | {mean_std([r['bleu'] for r in results])} | "
                      f"{statistics.mean(r['chrf'] for r in results):.2f} | "
                      f"{statistics.mean(r['compound_split_bleu'] for r in results):.2f} | "
-                     f"{paper if paper is not None else ''} | {against} | {p} |")
+                     f"{paper if paper is not None else ''} | {against} | {p} |"
+                     + (f" {parameters(results[0]):,} |" if counted else ""))
     return "\n".join(lines)
 
 
@@ -143,7 +158,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     args = parser.parse_args()
     blocks = {}
-    for table in ("table1", "table2", "table3", "beyond"):
+    for table in ("table1", "table2", "table3", "beyond", "descendants"):
         rows = load_runs(args.results, table)
         if rows:
             blocks[table] = bleu_table(table, rows, args.samples)

@@ -38,12 +38,13 @@ VOCAB = FIRST_TOKEN + MAX_DISTANCE * SYMBOLS  # one token per (distance, symbol)
 THRESHOLD = 0.95
 
 
-def batch(n: int, generator: torch.Generator, distance: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (n, LENGTH), targets (n, LENGTH): the symbol d places to the left, -100 where there is none)."""
+def batch(n: int, generator: torch.Generator, distance: int | None = None,
+          length: int = LENGTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (n, length), targets (n, length): the symbol d places to the left, -100 where there is none)."""
     d = (torch.randint(1, MAX_DISTANCE + 1, (n,), generator=generator) if distance is None
          else torch.full((n,), distance))
-    symbols = torch.randint(0, SYMBOLS, (n, LENGTH), generator=generator)
-    positions = torch.arange(LENGTH)[None, :]
+    symbols = torch.randint(0, SYMBOLS, (n, length), generator=generator)
+    positions = torch.arange(length)[None, :]
     source = positions - d[:, None]
     targets = symbols.gather(1, source.clamp(min=0)).masked_fill(source < 0, -100)
     tokens = FIRST_TOKEN + (d[:, None] - 1) * SYMBOLS + symbols
@@ -51,17 +52,18 @@ def batch(n: int, generator: torch.Generator, distance: int | None = None) -> tu
 
 
 class Tagger(torch.nn.Module):
-    """This project's encoder, relative positions only, and a linear layer to the symbols."""
+    """This project's encoder (relative positions only, unless `model` says otherwise) and a linear layer from each
+    position's output to `outputs` values."""
 
-    def __init__(self, layers: int, clip: int):
+    def __init__(self, layers: int, clip: int, vocab: int = VOCAB, outputs: int = SYMBOLS, **model):
         super().__init__()
         from nmt.config import ModelConfig
         from nmt.model import Transformer
 
-        cfg = ModelConfig(encoder_layers=layers, decoder_layers=1, d_model=64, heads=4, ffn_dim=256, dropout=0.0,
-                          clip=clip, position="relative")
-        self.transformer = Transformer(cfg, VOCAB)
-        self.out = torch.nn.Linear(64, SYMBOLS)
+        cfg = ModelConfig(**{"encoder_layers": layers, "decoder_layers": 1, "d_model": 64, "heads": 4, "ffn_dim": 256,
+                             "dropout": 0.0, "clip": clip, "position": "relative", **model})
+        self.transformer = Transformer(cfg, vocab)
+        self.out = torch.nn.Linear(64, outputs)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.out(self.transformer.encode(tokens))  # (B, LENGTH, SYMBOLS)
@@ -86,25 +88,39 @@ def reach(accuracies: list[float]) -> int:
     return d
 
 
-def train_one(layers: int, clip: int, seed: int, updates: int, output: str) -> dict:
+def fit(model: torch.nn.Module, updates: int, next_loss) -> float:
+    """Adam over `updates` updates of next_loss(model) (warmup over the first 10%, then the linear decay to 0, as
+    every synthetic study here trains); the last loss."""
     from nmt.optim import linear_decay_lr
 
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    for step in range(1, updates + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = linear_decay_lr(step, 64, max(1, updates // 10), updates, scale=0.25)
+        loss = next_loss(model)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return float(loss.detach())
+
+
+def copy_loss(generator: torch.Generator, length: int = LENGTH):
+    """The copy task's training loss on a fresh batch of 64 sequences."""
+    def loss(model):
+        tokens, targets = batch(64, generator, length=length)
+        return F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten(), ignore_index=-100)
+    return loss
+
+
+def train_one(layers: int, clip: int, seed: int, updates: int, output: str) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = Tagger(layers, clip)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     start = time.monotonic()
-    for step in range(1, updates + 1):
-        for group in optimizer.param_groups:  # warmup over the first 10%, then the linear decay to 0
-            group["lr"] = linear_decay_lr(step, 64, max(1, updates // 10), updates, scale=0.25)
-        tokens, targets = batch(64, generator)
-        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten(), ignore_index=-100)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    final_loss = fit(model, updates, copy_loss(generator))
     accuracies = accuracy_by_distance(model.eval(), seed)
-    result = {"layers": layers, "clip": clip, "seed": seed, "updates": updates, "final_loss": float(loss.detach()),
+    result = {"layers": layers, "clip": clip, "seed": seed, "updates": updates, "final_loss": final_loss,
               "accuracy_by_distance": accuracies, "d_eff": reach(accuracies),
               "d_max_95": max([d for d, a in enumerate(accuracies, 1) if a >= THRESHOLD], default=0),
               "minutes": round((time.monotonic() - start) / 60, 2),

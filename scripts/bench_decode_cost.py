@@ -1,9 +1,10 @@
-"""What relative attention costs at inference: decoding with relative against absolute positions, same sizes.
+"""What relative attention costs at inference: decoding with relative against absolute positions, same sizes (and
+Shaw's descendants, `--positions relative absolute t5 alibi rope`).
 
     python scripts/bench_decode_cost.py [--preset tiny] [--sentences 256] [--steps 60] [--repeats 5] [--threads 2]
-                                        [--device cpu] [--output results/decode_cost.json]
+                                        [--positions relative absolute] [--device cpu] [--output results/decode_cost.json]
 
-The paper reports training speed only. Here, for position=relative and position=absolute, the same preset (random
+The paper reports training speed only. Here, for each position mode (relative and absolute by default), the same preset (random
 weights: a decoder step does the same work whatever the weights, and the output length is fixed here at --steps so
 both models take the same number of steps) decodes the first --sentences test sources (this project's vocabulary):
 - greedy and beam 4 (4 hypotheses per source, the cache reordered every step as nmt.search does), with the
@@ -11,7 +12,8 @@ both models take the same number of steps) decodes the first --sentences test so
 - the time of each decoder step as the target grows (batch 64, greedy), to see whether the relative terms' cost
   grows with the prefix;
 - the cache's memory after the last step (its K/V tensors; the edge tables are parameters, not cache).
-The two models alternate, medians of --repeats. Budget in steps, not time.
+The models alternate, medians of --repeats. Budget in steps, not time. Each mode's times over absolute's are in
+"over_absolute".
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--positions", nargs="+", default=["relative", "absolute"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default="results/decode_cost.json")
     args = parser.parse_args()
@@ -91,7 +94,7 @@ def main() -> None:
     device = torch.device(args.device)
     src, vocab_size = sources(args.sentences, device)
     models = {}
-    for position in ("relative", "absolute"):
+    for position in dict.fromkeys(["absolute", *args.positions]):
         torch.manual_seed(0)
         cfg = preset_job(f"model={args.preset}", f"model.position={position}").model
         models[position] = Transformer(cfg, vocab_size, AttentionBackend("auto")).to(device).eval()
@@ -110,7 +113,8 @@ def main() -> None:
                 per_step[position][step].append(t)
     report = {"preset": args.preset, "sentences": args.sentences, "steps": args.steps, "device": args.device,
               "threads": args.threads, "repeats": args.repeats, "command": "python scripts/bench_decode_cost.py "
-              f"--preset {args.preset} --sentences {args.sentences} --steps {args.steps} --repeats {args.repeats}"}
+              f"--preset {args.preset} --sentences {args.sentences} --steps {args.steps} --repeats {args.repeats}"
+              + ("" if args.positions == ["relative", "absolute"] else " --positions " + " ".join(args.positions))}
     for position, model in models.items():
         report[position] = {
             "greedy_sentences_per_s": args.sentences / statistics.median(seconds[(position, 1)][1:]),
@@ -119,22 +123,23 @@ def main() -> None:
             "cache_mib_batch64_beam1": cache_bytes(decode_steps(model, src[:64], args.steps, 1)) / 2**20,
             "parameters": sum(p.numel() for p in model.parameters()),
         }
-    rel, ab = report["relative"], report["absolute"]
-    report["relative_over_absolute"] = {
-        "greedy_time": ab["greedy_sentences_per_s"] / rel["greedy_sentences_per_s"],
-        "beam4_time": ab["beam4_sentences_per_s"] / rel["beam4_sentences_per_s"],
-        "step_time_first_10": statistics.mean(rel["step_ms_by_target_length"][:10])
+    ab = report["absolute"]
+    report["over_absolute"] = {position: {
+        "greedy_time": ab["greedy_sentences_per_s"] / r["greedy_sentences_per_s"],
+        "beam4_time": ab["beam4_sentences_per_s"] / r["beam4_sentences_per_s"],
+        "step_time_first_10": statistics.mean(r["step_ms_by_target_length"][:10])
         / statistics.mean(ab["step_ms_by_target_length"][:10]),
-        "step_time_last_10": statistics.mean(rel["step_ms_by_target_length"][-10:])
+        "step_time_last_10": statistics.mean(r["step_ms_by_target_length"][-10:])
         / statistics.mean(ab["step_ms_by_target_length"][-10:]),
-        "cache_memory": rel["cache_mib_batch64_beam1"] / ab["cache_mib_batch64_beam1"],
-    }
+        "cache_memory": r["cache_mib_batch64_beam1"] / ab["cache_mib_batch64_beam1"],
+    } for position, r in ((p, report[p]) for p in models) if position != "absolute"}
     for position in models:
         r = report[position]
         print(f"{position:8s} greedy {r['greedy_sentences_per_s']:7.1f} sent/s  beam4 {r['beam4_sentences_per_s']:7.1f} "
               f"sent/s  step 1 {r['step_ms_by_target_length'][0]:.2f} ms, step {args.steps} "
               f"{r['step_ms_by_target_length'][-1]:.2f} ms  cache {r['cache_mib_batch64_beam1']:.1f} MiB")
-    print("relative / absolute:", {k: round(v, 3) for k, v in report["relative_over_absolute"].items()})
+    for position, ratios in report["over_absolute"].items():
+        print(f"{position} / absolute:", {k: round(v, 3) for k, v in ratios.items()})
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.output}")

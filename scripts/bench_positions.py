@@ -5,6 +5,7 @@
    position=none|absolute|learned, whose positions are at the input) against relative (k = 16, a^K and a^V per
    head: also position=both's layer), t5, alibi and rope. A descendant's timed step includes building its
    positions, which a stack does once for all its layers: this is a one-layer stack, the dearest case.
+   The same layers forward only (inference mode), the cost at translation time.
 2. One `tiny` training step per mode, all eight (batch 32 x 48 tokens, label-smoothed loss, backward).
 
     python scripts/bench_positions.py [--repeats 20] [--model-repeats 10] [--threads 2] [--device cpu]
@@ -30,8 +31,8 @@ SIZES = (32, 64, 128, 256, 512, 1024)
 LAYER_MODES = ("sdpa", "relative", "t5", "alibi", "rope")
 
 
-def layer_steps(n: int, device, dtype) -> dict:
-    """mode -> one forward + backward of an encoder self-attention layer at length n."""
+def layer_steps(n: int, device, dtype, backward: bool = True) -> dict:
+    """mode -> one forward (+ backward) of an encoder self-attention layer at length n."""
     x = torch.randn(max(1, TOKENS // n), n, D_MODEL, device=device, dtype=dtype)
     cfg = ModelConfig(d_model=D_MODEL, heads=HEADS, dropout=0.0)
     steps = {}
@@ -46,12 +47,16 @@ def layer_steps(n: int, device, dtype) -> dict:
             if module is not None:
                 module.to(device=device, dtype=dtype).train()
 
-        def step(layer=layer, scheme=scheme, backward=True):
+        def step(layer=layer, scheme=scheme):
+            if not backward:
+                with torch.inference_mode():
+                    positions = stack_positions(scheme, x, n, 0)
+                    layer(x, layer.project_kv(x, positions.rotation), positions=positions)
+                return
             h = x.detach().requires_grad_(True)
             positions = stack_positions(scheme, h, n, 0)
             out = layer(h, layer.project_kv(h, positions.rotation), positions=positions)
-            if backward:
-                out.float().pow(2).mean().backward()
+            out.float().pow(2).mean().backward()
 
         steps[mode] = step
     return steps
@@ -90,18 +95,21 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    report = {"args": vars(args), "torch": torch.__version__, "layer": [], "model": {}}
+    report = {"args": vars(args), "torch": torch.__version__, "layer": [], "layer_forward": [], "model": {}}
 
     print(f"layer fwd+bwd / sdpa, d_model {D_MODEL}, {HEADS} heads, {TOKENS} tokens/batch, {args.device} "
           f"{args.dtype}, {args.threads} threads, median of {args.repeats}")
     print("     n  sdpa ms  " + "  ".join(f"{m:>8s}" for m in LAYER_MODES[1:]))
-    for n in args.sizes:
-        t = time_interleaved(layer_steps(n, device, dtype), args.repeats, device)
-        row = {"n": n, "ms": {k: v * 1e3 for k, v in t.items()},
-               "over_sdpa": {k: v / t["sdpa"] for k, v in t.items() if k != "sdpa"}}
-        report["layer"].append(row)
-        print(f"{n:6d} {t['sdpa'] * 1e3:8.2f}  " + "  ".join(f"{row['over_sdpa'][m]:8.3f}" for m in LAYER_MODES[1:]),
-              flush=True)
+    for key, backward in (("layer", True), ("layer_forward", False)):
+        if not backward:
+            print("\nthe same, forward only (inference mode)")
+        for n in args.sizes:
+            t = time_interleaved(layer_steps(n, device, dtype, backward), args.repeats, device)
+            row = {"n": n, "ms": {k: v * 1e3 for k, v in t.items()},
+                   "over_sdpa": {k: v / t["sdpa"] for k, v in t.items() if k != "sdpa"}}
+            report[key].append(row)
+            print(f"{n:6d} {t['sdpa'] * 1e3:8.2f}  " + "  ".join(f"{row['over_sdpa'][m]:8.3f}"
+                                                                for m in LAYER_MODES[1:]), flush=True)
 
     print(f"\ntiny training step (batch 32 x 48 tokens), median of {args.model_repeats}, / absolute")
     t = time_interleaved(model_steps(device, dtype), args.model_repeats, device)

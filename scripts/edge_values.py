@@ -2,7 +2,7 @@
 matter "for tasks where information about the edge types selected by a given attention head is useful to downstream
 layers". Two synthetic tasks, relative positions only (clip 16), a^K only, a^V only, both and neither:
 
-    python scripts/edge_values.py [--tasks sum marker] [--seeds 1 2] [--updates 1500] [--layers 2] [--jobs 2]
+    python scripts/edge_values.py [--tasks sum marker] [--seeds 1 2] [--updates 1500] [--layers 1 2] [--jobs 2]
                                   [--output results/edge_values]
     python scripts/edge_values.py --report [--output results/edge_values]
 
@@ -12,8 +12,10 @@ layers". Two synthetic tasks, relative positions only (clip 16), a^K only, a^V o
 - `marker`: 15 random symbols and one marker at a random place; at every position the answer is the marker's
   offset j* - i (31 classes), reported as accuracy. Here a head's target is found by content (the marker), and what
   the answer needs is *where* it was: the edge type the head selected, the paper's guess for a^V.
-Sequences of 16, L layers (d = 64, 4 heads), --updates updates of 64 sequences (a budget in updates). Each (task,
-edges, seed) run writes OUTPUT/<task>_<edges>_seed<s>.json.
+Sequences of 16, L layers (d = 64, 4 heads), --updates updates of 64 sequences (a budget in updates). One layer
+isolates what each edge set does within a head; two show what depth recovers (a layer's a^V also tells a token
+where it sits, from the offsets it sees up to the sequence's ends, which the next layer's logits can use). Each
+(task, edges, L, seed) run writes OUTPUT/<task>_<edges>_L<L>_seed<s>.json.
 """
 
 from __future__ import annotations
@@ -85,23 +87,24 @@ def run_one(task: str, edges: str, seed: int, layers: int, updates: int, output:
               "final_loss": final_loss, "minutes": round((time.monotonic() - start) / 60, 2),
               "command": f"python scripts/edge_values.py --tasks {task} --edges {edges} --seeds {seed} "
                          f"--layers {layers} --updates {updates}"}
-    (Path(output) / f"{task}_{edges}_seed{seed}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{task} {edges} seed {seed}: {result['metric']} {result['score']:.3f} ({result['minutes']:.1f} min)",
+    (Path(output) / f"{task}_{edges}_L{layers}_seed{seed}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{task} {edges} L={layers} seed {seed}: {result['metric']} {result['score']:.3f} ({result['minutes']:.1f} min)",
           flush=True)
     return result
 
 
 def report(output: Path) -> str:
-    runs: dict[tuple[str, str], list[dict]] = {}
+    runs: dict[tuple[str, str, int], list[dict]] = {}
     for path in sorted(output.glob("*_seed*.json")):
         run = json.loads(path.read_text())
-        runs.setdefault((run["task"], run["edges"]), []).append(run)
-    lines = ["| edges | " + " | ".join(f"{t} ({'R^2' if t == 'sum' else 'accuracy'})" for t in TASKS) + " |",
-             "|---|" + "---|" * len(TASKS)]
+        runs.setdefault((run["task"], run["edges"], run["layers"]), []).append(run)
+    columns = sorted({(task, layers) for task, _, layers in runs}, key=lambda c: (TASKS.index(c[0]), c[1]))
+    lines = ["| edges | " + " | ".join(f"{t}, L={n} ({'R^2' if t == 'sum' else 'accuracy'})" for t, n in columns)
+             + " |", "|---|" + "---|" * len(columns)]
     for edges in EDGES:
         cells = []
-        for task in TASKS:
-            scores = [r["score"] for r in runs.get((task, edges), [])]
+        for task, layers in columns:
+            scores = [r["score"] for r in runs.get((task, edges, layers), [])]
             cells.append(f"{statistics.mean(scores):.3f} ({' / '.join(f'{s:.3f}' for s in scores)})" if scores else "")
         lines.append(f"| {edges} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n\nMean over seeds (each seed's value in brackets)."
@@ -114,7 +117,7 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     parser.add_argument("--edges", nargs="+", default=list(EDGES), choices=list(EDGES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--updates", type=int, default=1500)
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
     parser.add_argument("--output", type=Path, default=Path("results/edge_values"))
@@ -122,11 +125,11 @@ def main() -> None:
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        todo = [(t, e, s) for s in args.seeds for t in args.tasks for e in args.edges
-                if not (args.output / f"{t}_{e}_seed{s}.json").exists()]  # a stopped study resumes
+        todo = [(t, e, s, n) for s in args.seeds for n in args.layers for t in args.tasks for e in args.edges
+                if not (args.output / f"{t}_{e}_L{n}_seed{s}.json").exists()]  # a stopped study resumes
         with ProcessPoolExecutor(args.jobs) as pool:
-            list(pool.map(run_one, *zip(*[(t, e, s, args.layers, args.updates, str(args.output))
-                                          for t, e, s in todo], strict=True)) if todo else [])
+            list(pool.map(run_one, *zip(*[(t, e, s, n, args.updates, str(args.output)) for t, e, s, n in todo],
+                                        strict=True)) if todo else [])
     print(report(args.output))
 
 

@@ -154,7 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--split", choices=["test", "valid"], default="test", help="the set to decode and score")
     parser.add_argument("--lines", type=int, help="decode and score only the first N sentences of the split")
     parser.add_argument("--result", type=Path, help="also write the result JSON here (default: OUTPUT/result.json)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the training job")
+    parser.add_argument("overrides", nargs="*", help="the training job's key=value overrides (python -m nmt.train --help "
+                        "lists them)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()

@@ -76,7 +76,7 @@ RULES = [
     (r"^python scripts/bench_deploy.py",
      " --sentences 20 --repeats 1 --threads 1 --output outputs/bench_deploy_test --exports outputs/bench_deploy_test"),
     (r"^python scripts/demo.py", " --updates 4 --lines 10"),
-    (r"^make (table1|table2|table3|beyond|length-study)", f"skip: {HOURS}"),
+    (r"^make (table1|table2|table3|beyond|descendants|length-study)", f"skip: {HOURS}"),
     (r"^python scripts/plot_attention_distance.py outputs/sweep/", "skip: needs make table2's checkpoints (hours)"),
     (r"^tensorboard --logdir", "skip: a server that runs until stopped"),
     (r"^scripts/slurm_train.sh$", "skip: submits to SLURM"),

@@ -51,9 +51,6 @@ class ExportedModel:
         self.translator = ctranslate2.Translator(str(directory), device=device.type, device_index=device.index or 0,
                                                  compute_type=COMPUTE_TYPES[precision], intra_threads=threads)
 
-    def translate_ids(self, ids: list[list[int]], search: SearchConfig) -> list[list[int]]:
-        return [hyps[0].tokens for hyps in self.search_ids(ids, search)]
-
     def search_ids(self, ids: list[list[int]], search: SearchConfig, nbest: int = 1) -> list[list[Hypothesis]]:
         """As nmt.decode.search_ids; the scores are CTranslate2's (its own length penalty)."""
         rows = [i for i, row in enumerate(ids) if row]
@@ -116,11 +113,9 @@ def encode_lines(vocab: Vocab, lines: list[str], limit: int | None, first_line: 
     return ids
 
 
-def translate_ids(model: Transformer, ids: list[list[int]], search: SearchConfig, device: torch.device,
+def translate_ids(model: Transformer | ExportedModel, ids: list[list[int]], search: SearchConfig, device: torch.device,
                   progress: bool = False) -> list[list[int]]:
     """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""
-    if isinstance(model, ExportedModel):
-        return model.translate_ids(ids, search)
     return [hyps[0].tokens for hyps in search_ids(model, ids, search, device, progress)]
 
 

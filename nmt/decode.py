@@ -113,8 +113,8 @@ def encode_lines(vocab: Vocab, lines: list[str], limit: int | None, first_line: 
     return ids
 
 
-def translate_ids(model: Transformer | ExportedModel, ids: list[list[int]], search: SearchConfig, device: torch.device,
-                  progress: bool = False) -> list[list[int]]:
+def translate_ids(model: Transformer | ExportedModel, ids: list[list[int]], search: SearchConfig,
+                  device: torch.device, progress: bool = False) -> list[list[int]]:
     """Token ids in, token ids out, same order. Empty inputs give empty outputs without decoding."""
     return [hyps[0].tokens for hyps in search_ids(model, ids, search, device, progress)]
 

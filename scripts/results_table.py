@@ -4,13 +4,16 @@
 
 Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and the paired bootstrap
 test of sacrebleu (`--paired-bs`; 1,000 resamples, seed 12345) of the row against its table's reference
-row, on the concatenation of the seeds' hypotheses (seed k against seed k). With --readme, the text
+row, on the concatenation of the seeds' hypotheses (seed k against seed k). Every run's BLEU, chrF and
+compound-split BLEU are scored again from its committed hypotheses and the bundled references; a record that
+disagrees stops the script, naming its file. With --readme, the text
 between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is replaced by the table NAME.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import re
@@ -48,21 +51,45 @@ ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
 
-def load_runs(results: Path, table: str) -> dict[str, dict[int, dict]]:
-    """row -> seed -> result (with its hypotheses)."""
+SCORES = ("bleu", "chrf", "compound_split_bleu")
+
+
+def load_runs(results: Path, table: str, rescore: tuple[str, ...] = SCORES) -> dict[str, dict[int, dict]]:
+    """row -> seed -> result (with its hypotheses), each score in `rescore` checked against its hypotheses."""
     rows: dict[str, dict[int, dict]] = {}
     for path in sorted(results.glob(f"{table}/*/seed*/result.json")):
         result = json.loads(path.read_text())
         result["hyps"] = (path.parent / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
+        check_scores(path, result, rescore)
         rows.setdefault(path.parent.parent.name, {})[result["seed"]] = result
     order = ORDER.get(table) or list(PAPER.get(table, {}))
     return dict(sorted(rows.items(), key=lambda item: (order.index(item[0]) if item[0] in order else len(order),
                                                        item[0])))
 
 
+@functools.cache
 def test_lines(lang: str) -> list[str]:
     with gzip.open(str(TEST_SOURCE).format(lang=lang), "rt", encoding="utf-8") as f:
         return [line.rstrip("\n").strip() for line in f]
+
+
+def check_scores(path: Path, result: dict, metrics: tuple[str, ...] = SCORES) -> None:
+    """Score the run's committed hypotheses again against the bundled references: a table never prints a number
+    its hypotheses do not give."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from nmt.score import compound_split_bleu
+
+    lang = result["pair"].split("-")[1]
+    refs = list(test_lines(lang))
+    scorers = {"bleu": lambda: BLEU().corpus_score(result["hyps"], [refs]).score,
+               "chrf": lambda: CHRF().corpus_score(result["hyps"], [refs]).score,
+               "compound_split_bleu": lambda: compound_split_bleu(result["hyps"], refs, lang)}
+    for metric in metrics:
+        again = scorers[metric]()
+        if abs(again - result[metric]) > 1e-6:
+            raise SystemExit(f"{path}: records {metric} = {result[metric]:.4f}, but {result['hyp']} scores "
+                             f"{again:.4f} against {TEST_SOURCE.name.format(lang=lang)}")
 
 
 def mean_std(values: list[float]) -> str:

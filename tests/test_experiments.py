@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from nmt.experiment import run_identity, same_config, train_and_score
+from nmt.score import score
 from tests.conftest import MULTI30K, ROOT, data_overrides, load_script, model_overrides
 
 results_table = load_script("results_table")
@@ -68,9 +71,7 @@ def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_pat
             folder = tmp_path / "table3" / row / f"seed{seed}"
             folder.mkdir(parents=True)
             (folder / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-            from sacrebleu.metrics import BLEU, CHRF
-            result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "bleu": BLEU().corpus_score(hyps, [refs]).score,
-                      "chrf": CHRF().corpus_score(hyps, [refs]).score, "compound_split_bleu": 0.0}
+            result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", **score(hyps, refs, "de")}
             (folder / "result.json").write_text(json.dumps(result))
     rows = results_table.load_runs(tmp_path, "table3")
     assert list(rows) == ["key+value", "neither"]
@@ -83,6 +84,31 @@ def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_pat
     readme.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
     readme.write_text(results_table.replace_block(readme.read_text(), "table3", table))
     assert "old" not in readme.read_text() and table in readme.read_text() and "after" in readme.read_text()
+
+
+def test_results_table_refuses_a_record_its_hypotheses_do_not_give(tmp_path):
+    with gzip.open(MULTI30K / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+        refs = [line.strip() for line in f]
+    folder = tmp_path / "table1" / "en-de.relative" / "seed1"
+    folder.mkdir(parents=True)
+    hyps = refs[:900] + [""] * 100
+    (folder / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    honest = {"pair": "en-de", "seed": 1, "hyp": "test.hyp.de", **score(hyps, refs, "de")}
+    (folder / "result.json").write_text(json.dumps(honest))
+    assert results_table.load_runs(tmp_path, "table1")["en-de.relative"][1]["bleu"] == honest["bleu"]
+    (folder / "result.json").write_text(json.dumps({**honest, "chrf": honest["chrf"] + 0.5}))
+    with pytest.raises(SystemExit, match=r"seed1/result.json: records chrf = .*test.hyp.de scores"):
+        results_table.load_runs(tmp_path, "table1")
+
+
+@pytest.mark.slow
+def test_every_committed_run_rescores_from_its_hypotheses():
+    """results/ is the record of every table in the README: each BLEU there must come back from its hypotheses."""
+    runs = sorted((ROOT / "results").glob("*/*/seed*/result.json"))
+    tables = {path.parent.parent.parent.name for path in runs}
+    assert {"table1", "table2", "table3", "beyond", "descendants", "length"} <= tables
+    for table in sorted(tables):
+        results_table.load_runs(ROOT / "results", table, rescore=("bleu",))
 
 
 def test_a_field_added_to_the_schema_later_does_not_hide_a_same_run():

@@ -3,6 +3,7 @@ Shaw's descendants, `--positions relative absolute t5 alibi rope`).
 
     python scripts/bench_decode_cost.py [--preset tiny] [--sentences 256] [--steps 60] [--repeats 5] [--threads 2]
                                         [--positions relative absolute] [--device cpu] [--output results/decode_cost.json]
+    python scripts/bench_decode_cost.py --report results/descendants_decode_cost.json   # its table, in Markdown
 
 The paper reports training speed only. Here, for each position mode (relative and absolute by default), the same preset (random
 weights: a decoder step does the same work whatever the weights, and the output length is fixed here at --steps so
@@ -13,7 +14,7 @@ both models take the same number of steps) decodes the first --sentences test so
   grows with the prefix;
 - the cache's memory after the last step (its K/V tensors; the edge tables are parameters, not cache).
 The models alternate, medians of --repeats. Budget in steps, not time. Each mode's times over absolute's are in
-"over_absolute".
+"over_absolute"; the run ends with them as a Markdown table, and `--report JSON` prints that table again.
 """
 
 from __future__ import annotations
@@ -76,6 +77,23 @@ def decode_steps(model: Transformer, src: torch.Tensor, steps: int, beam: int, s
     return cache
 
 
+def markdown(report: dict) -> str:
+    """Sentences per second and milliseconds per decoder step as the target grows, each mode beside absolute."""
+    steps = report["steps"]
+    windows = [(1, 10), (steps // 2 - 4, steps // 2 + 5), (steps - 9, steps)]
+    head = " | ".join(f"ms/step {lo}-{hi}" for lo, hi in windows)
+    lines = [f"| mode | greedy sent/s (time × absolute) | beam 4 sent/s (time × absolute) | {head} | cache MiB |",
+             "|---|---|---|" + "---|" * len(windows) + "---|"]
+    for position in (p for p in report if isinstance(report[p], dict) and "step_ms_by_target_length" in report[p]):
+        r, ab = report[position], report["absolute"]
+        ms = [statistics.mean(r["step_ms_by_target_length"][lo - 1:hi]) for lo, hi in windows]
+        lines.append(f"| {position} | {r['greedy_sentences_per_s']:.1f} "
+                     f"({ab['greedy_sentences_per_s'] / r['greedy_sentences_per_s']:.2f}) | "
+                     f"{r['beam4_sentences_per_s']:.1f} ({ab['beam4_sentences_per_s'] / r['beam4_sentences_per_s']:.2f}) | "
+                     + " | ".join(f"{m:.1f}" for m in ms) + f" | {r['cache_mib_batch64_beam1']:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
@@ -86,7 +104,11 @@ def main() -> None:
     parser.add_argument("--positions", nargs="+", default=["relative", "absolute"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default="results/decode_cost.json")
+    parser.add_argument("--report", type=Path, help="print the table of this earlier run's JSON and stop")
     args = parser.parse_args()
+    if args.report:
+        print(markdown(json.loads(args.report.read_text())))
+        return
     from nmt.experiment import preset_job
     from nmt.kernels.dispatch import AttentionBackend
 
@@ -140,6 +162,7 @@ def main() -> None:
               f"{r['step_ms_by_target_length'][-1]:.2f} ms  cache {r['cache_mib_batch64_beam1']:.1f} MiB")
     for position, ratios in report["over_absolute"].items():
         print(f"{position} / absolute:", {k: round(v, 3) for k, v in ratios.items()})
+    print(markdown(report))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.output}")

@@ -53,6 +53,10 @@ ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
 
 SCORES = ("bleu", "chrf", "compound_split_bleu")
 
+# The length study's rows, in two README blocks: the paper's section (with learned positions) and the descendants'.
+LENGTH_BLOCKS = {"length": ("absolute", "relative", "learned"),
+                 "descendants-length": ("absolute", "relative", "t5", "alibi", "rope")}
+
 
 def load_runs(results: Path, table: str, rescore: tuple[str, ...] = SCORES) -> dict[str, dict[int, dict]]:
     """row -> seed -> result (with its hypotheses), each score in `rescore` checked against its hypotheses."""
@@ -189,10 +193,12 @@ def main() -> int:
         rows = load_runs(args.results, table)
         if rows:
             blocks[table] = bleu_table(table, rows, args.samples)
-    rows = load_runs(args.results, "length")
-    if rows:
-        blocks["length"] = bleu_table("length", rows, args.samples) + "\n\nBy source length (words):\n\n" + \
-            length_table(rows)
+    runs = load_runs(args.results, "length")
+    for block, names in LENGTH_BLOCKS.items():
+        rows = {name: seeds for name, seeds in runs.items() if name in names}
+        if rows:
+            blocks[block] = bleu_table("length", rows, args.samples) + "\n\nBy source length (words):\n\n" + \
+                length_table(rows)
     for name, block in blocks.items():
         print(f"## {name}\n\n{block}\n")
     if args.readme:

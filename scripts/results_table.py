@@ -39,12 +39,12 @@ REFERENCE = {
     "length": {"relative": "absolute", **{row: ("absolute", "relative") for row in ("learned", "t5", "alibi", "rope")}},
     "descendants": {**{f"{pair}.relative": f"{pair}.absolute" for pair in ("en-de", "en-fr")},
                     **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then Shaw
-                       for pair in ("en-de", "en-fr") for row in ("t5", "alibi", "rope")}},
+                       for pair in ("en-de", "en-fr") for row in ("learned", "both", "none", "t5", "alibi", "rope")}},
     "beyond": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute", "en-de.shared": "en-de.relative",
                **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then relative
                   for pair in ("en-de", "en-fr") for row in ("learned", "both")}},
 }
-DESCENDANTS = ("absolute", "relative", "t5", "alibi", "rope")
+DESCENDANTS = ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")
 ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
          "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr") for row in DESCENDANTS],
          "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",

@@ -29,6 +29,7 @@ from nmt.runtime import experiment_cpu_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
+DESCENDANT_OVERRIDES = {"relative": [], "none": ["model.rel_key=false", "model.rel_value=false"]}
 # row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
 TABLES = {
     "table1": {"seeds": [1, 2, 3], "rows": {
@@ -57,11 +58,13 @@ TABLES = {
         "en-fr.learned": ("en-fr", ["model.position=learned"]),
         "en-fr.both": ("en-fr", ["model.position=both"]),
     }},
-    # Shaw against its descendants (T5's bucketed bias, ALiBi, RoPE) on Table 1's recipe: absolute and relative are
-    # Table 1's runs, copied.
+    # Shaw against its descendants (T5's bucketed bias, ALiBi, RoPE) on Table 1's recipe, beside the position rows
+    # run before: absolute and relative are Table 1's runs, learned and both Beyond's, En-De's none Table 3's
+    # "neither" (copied, not trained again).
     "descendants": {"seeds": [1, 2, 3], "rows": {
-        f"{pair}.{position}": (pair, [] if position == "relative" else [f"model.position={position}"])
-        for pair in ("en-de", "en-fr") for position in ("absolute", "relative", "t5", "alibi", "rope")
+        f"{pair}.{position}": (pair, DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]))
+        for pair in ("en-de", "en-fr")
+        for position in ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")
     }},
     "length": {"seeds": [1, 2], "rows": {
         "absolute": ("en-de", ["model.position=absolute"]),

@@ -1,6 +1,6 @@
 """Turn results/<table>/<row>/seed<k>/result.json into the README's tables (Markdown).
 
-    python scripts/results_table.py [--readme README.md] [--samples 1000]
+    python scripts/results_table.py [--readme README.md] [--samples 1000] [--blocks descendants ...]
 
 Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and the paired bootstrap
 test of sacrebleu (`--paired-bs`; 1,000 resamples, seed 12345) of the row against its table's reference
@@ -53,6 +53,7 @@ ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
 
 SCORES = ("bleu", "chrf", "compound_split_bleu")
 
+BLEU_BLOCKS = ("table1", "table2", "table3", "beyond", "descendants")
 # The length study's rows, in two README blocks: the paper's section (with learned positions) and the descendants'.
 LENGTH_BLOCKS = {"length": ("absolute", "relative", "learned"),
                  "descendants-length": ("absolute", "relative", "t5", "alibi", "rope")}
@@ -187,16 +188,19 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--readme", type=Path, help="replace the marked blocks in this file")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    parser.add_argument("--blocks", nargs="+", choices=[*BLEU_BLOCKS, *LENGTH_BLOCKS], default=None,
+                        help="only these blocks (default: all)")
     args = parser.parse_args()
+    wanted = set(args.blocks or [*BLEU_BLOCKS, *LENGTH_BLOCKS])
     blocks = {}
-    for table in ("table1", "table2", "table3", "beyond", "descendants"):
+    for table in (t for t in BLEU_BLOCKS if t in wanted):
         rows = load_runs(args.results, table)
         if rows:
             blocks[table] = bleu_table(table, rows, args.samples)
-    runs = load_runs(args.results, "length")
+    runs = load_runs(args.results, "length") if wanted & set(LENGTH_BLOCKS) else {}
     for block, names in LENGTH_BLOCKS.items():
         rows = {name: seeds for name, seeds in runs.items() if name in names}
-        if rows:
+        if rows and block in wanted:
             blocks[block] = bleu_table("length", rows, args.samples) + "\n\nBy source length (words):\n\n" + \
                 length_table(rows)
     for name, block in blocks.items():

@@ -107,7 +107,10 @@ def main() -> None:
     parser.add_argument("--report", type=Path, help="print the table of this earlier run's JSON and stop")
     args = parser.parse_args()
     if args.report:
-        print(markdown(json.loads(args.report.read_text())))
+        try:
+            print(markdown(json.loads(args.report.read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            parser.error(f"--report {args.report}: not a JSON this script wrote ({type(error).__name__}: {error})")
         return
     from nmt.experiment import preset_job
     from nmt.kernels.dispatch import AttentionBackend

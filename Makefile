@@ -1,12 +1,9 @@
 PY := .venv/bin/python
 NPROC ?= 8
-MAX_TOKENS ?= 4096
-# The paper's batch (~25k source + 25k target tokens per update) is 8 devices x 4,096 padded tokens = 32,768.
-# Other device counts or micro-batch sizes (MAX_TOKENS=32768 NPROC=1 on a large GPU) accumulate over
-# round(32768 / (NPROC x MAX_TOKENS)) micro-batches, at least 1, to keep that effective batch.
-PAPER_BATCH := 32768
-UPDATE_FREQ = $(shell echo $$(( ($(PAPER_BATCH) + $(NPROC) * $(MAX_TOKENS) / 2) / ($(NPROC) * $(MAX_TOKENS)) )) \
-                | awk '{print ($$1 < 1) ? 1 : $$1}')
+# The batch belongs to the recipe (train.tokens_per_update in configs/experiment/): the trainer derives the
+# accumulation from NPROC and the per-device micro-batch, logs the product and refuses what cannot reach it.
+# MAX_TOKENS= changes only the micro-batch (e.g. MAX_TOKENS=32768 NPROC=1 on a large GPU), never the batch.
+MAX_TOKENS ?=
 # A worker that dies (a node's GPU fault, an OOM kill) brings the group back from the last checkpoint, up to
 # MAX_RESTARTS times; SIGTERM to torchrun (SLURM's time limit, preemption) stops every worker after its update.
 MAX_RESTARTS ?= 3
@@ -20,10 +17,11 @@ TESTSET ?= $(if $(SRC)$(REF),$(basename $(notdir $(or $(SRC),$(REF)))),newstest2
 NEWSTEST = $(dir $(CKPT))$(TESTSET).$(PAIR)
 MODEL ?= base
 DATA ?= wmt14_en_de
+RECIPE ?= paper_$(MODEL)
 EXTRA ?=
 
 .PHONY: table1 table2 table3 beyond descendants length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average export decode score \
-        ablate-k ablate-kv bench check-nproc check-kernels
+        ablate-k ablate-kv bench check-kernels
 
 install: .venv/installed
 .venv/installed: pyproject.toml
@@ -52,19 +50,14 @@ prepare-wmt14: install
 prepare-wmt14-fr: install
 	$(PY) -m nmt.prepare data=wmt14_en_fr
 
-check-nproc:
-	@echo "effective batch: $(NPROC) devices x $(MAX_TOKENS) tokens x $(UPDATE_FREQ) micro-batches =" \
-	  "$$(( $(NPROC) * $(MAX_TOKENS) * $(UPDATE_FREQ) )) padded tokens per update (the paper's: $(PAPER_BATCH))"
-
 # Shaw et al. 2018 base and big: the recipes are configs/experiment/paper_{base,big}.yaml (updates, batch,
-# checkpoint cadence, averaging); here only the device count and the matching accumulation are added.
-train-base: install check-nproc
-	$(LAUNCH) model=base data=wmt14_en_de +experiment=paper_base train.max_tokens=$(MAX_TOKENS) \
-	  train.update_freq=$(UPDATE_FREQ) $(EXTRA)
+# checkpoint cadence, averaging); here only the device count (and, if given, the micro-batch) are added.
+MICRO = $(if $(MAX_TOKENS),train.max_tokens=$(MAX_TOKENS))
+train-base: install
+	$(LAUNCH) model=base data=wmt14_en_de +experiment=paper_base $(MICRO) $(EXTRA)
 
-train-big: install check-nproc
-	$(LAUNCH) model=big data=wmt14_en_de +experiment=paper_big train.max_tokens=$(MAX_TOKENS) \
-	  train.update_freq=$(UPDATE_FREQ) $(EXTRA)
+train-big: install
+	$(LAUNCH) model=big data=wmt14_en_de +experiment=paper_big $(MICRO) $(EXTRA)
 
 # Two CPU processes (gloo) of the tiny model for 30 updates: proof that the DDP path runs end to end.
 train-smoke: install
@@ -94,17 +87,18 @@ score: install
 	$(if $(REF),cp $(REF) $(NEWSTEST).ref,.venv/bin/sacrebleu -t wmt14/full -l $(PAIR) --echo ref > $(NEWSTEST).ref)
 	$(PY) -m nmt.score hyp=$(NEWSTEST).hyp ref=$(NEWSTEST).ref lang=$(TGT) output=$(NEWSTEST).json
 
-# Table 2: clipping distance k. One run per k, each under torchrun (MODEL=tiny DATA=multi30k_en_de NPROC=1 on a CPU).
-ablate-k: install check-nproc
+# Table 2: clipping distance k. One run per k, each under torchrun with the recipe's batch (RECIPE=paper_$(MODEL);
+# on a CPU: MODEL=tiny DATA=multi30k_en_de RECIPE=table1 NPROC=1).
+ablate-k: install
 	for k in 0 1 2 4 16 64 256; do \
-	  $(LAUNCH) model=$(MODEL) data=$(DATA) model.clip=$$k train.update_freq=$(UPDATE_FREQ) \
+	  $(LAUNCH) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) model.clip=$$k \
 	    train.output_dir=outputs/ablate-k/$(MODEL)_$(DATA)/k$$k $(EXTRA) || exit 1; done
 
 # Table 3: a^K and a^V on or off.
-ablate-kv: install check-nproc
+ablate-kv: install
 	for kv in true,true true,false false,true false,false; do \
 	  k=$${kv%,*}; v=$${kv#*,}; \
-	  $(LAUNCH) model=$(MODEL) data=$(DATA) model.rel_key=$$k model.rel_value=$$v train.update_freq=$(UPDATE_FREQ) \
+	  $(LAUNCH) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) model.rel_key=$$k model.rel_value=$$v \
 	    train.output_dir=outputs/ablate-kv/$(MODEL)_$(DATA)/key-$$k.value-$$v $(EXTRA) || exit 1; done
 
 # The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):

@@ -329,8 +329,8 @@ class Checkpointer:
         log.info("resuming from %s at update %d (epoch %d, batch %d)", path, state["step"], state["epoch"],
                  state["batch"])
         if state["world_size"] != self.env.world_size:
-            log.warning("resuming a %d-process run on %d processes: the data order changes from here",
-                        state["world_size"], self.env.world_size)
+            log.info("resuming a %d-process run on %d processes: the same batches in the same order, each rank's "
+                     "dropout generator from rank 0's", state["world_size"], self.env.world_size)
         return state
 
     def save(self, state_with_rng, step: int, final: bool = False) -> None:

@@ -178,7 +178,11 @@ class TrainConfig:
     max_steps: int = 100_000  # optimizer updates
     max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
-    update_freq: int = 1  # micro-batches accumulated per update (1 GPU reaches the 8-GPU batch with 8)
+    # The recipe's effective batch: padded tokens per update over every device and micro-batch (the paper's:
+    # 8 GPUs x 4,096 = 32,768). The trainer derives the accumulation from it (micro_batches); 0 = not stated:
+    # world size x max_tokens x update_freq, whatever the launch gives.
+    tokens_per_update: int = 0
+    update_freq: Optional[int] = None  # micro-batches per update per device; null = derived (1 with no stated batch)
     save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)
     save_every_minutes: float = 0.0  # 0 = off; the paper's big model saves every 10 minutes
     keep_last: int = 20  # numbered checkpoints kept (older ones deleted); 0 = all
@@ -197,15 +201,47 @@ class TrainConfig:
 
     def check(self) -> "TrainConfig":
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
-        for name in ("max_steps", "max_tokens", "update_freq", "save_every_steps", "log_every", "max_bad_updates"):
+        for name in ("max_steps", "max_tokens", "save_every_steps", "log_every", "max_bad_updates"):
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
+        require(self.update_freq is None or self.update_freq >= 1, "train.update_freq", self.update_freq,
+                ">= 1 or null (derived from train.tokens_per_update)")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                     "valid_bleu_sentences", "threads"):
+                     "valid_bleu_sentences", "threads", "tokens_per_update"):
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         return self
+
+    def micro_batches(self, world_size: int) -> int:
+        """Micro-batches per device per update that reach train.tokens_per_update on `world_size` devices.
+
+        The batch is exact or refused: world_size x max_tokens x F must equal the recipe's tokens, within
+        BATCH_TOLERANCE of it for a max_tokens that does not divide it. The update's micro-batches are then the
+        same set of the one global sequence (nmt/data/batching.py) on 1 device or 64, for a given max_tokens."""
+        if self.tokens_per_update == 0:
+            return self.update_freq or 1
+        per_update = max(1, round(self.tokens_per_update / self.max_tokens))  # global micro-batches per update
+        reached = per_update * self.max_tokens
+        if per_update % world_size or abs(reached - self.tokens_per_update) > BATCH_TOLERANCE * self.tokens_per_update:
+            fits = sorted({self.tokens_per_update // (world_size * f) for f in (1, 2, 4, 8)
+                           if self.tokens_per_update // (world_size * f) >= 1})
+            raise ConfigError(
+                f"train.tokens_per_update={self.tokens_per_update} cannot be reached on {world_size} device(s) with "
+                f"train.max_tokens={self.max_tokens} (it gives {per_update} micro-batches of {self.max_tokens}, "
+                f"which {world_size} device(s) cannot share evenly or which miss it by more than "
+                f"{BATCH_TOLERANCE:.0%}): set train.max_tokens to one of {', '.join(map(str, reversed(fits)))}")
+        derived = per_update // world_size
+        if self.update_freq is not None and self.update_freq != derived:
+            raise ConfigError(
+                f"train.update_freq={self.update_freq} contradicts train.tokens_per_update={self.tokens_per_update}: "
+                f"{world_size} device(s) x {self.max_tokens} tokens need {derived} micro-batches; leave "
+                f"train.update_freq out (it is derived) or set train.tokens_per_update=0")
+        return derived
+
+
+# How far the effective batch may miss the recipe's tokens_per_update when max_tokens does not divide it.
+BATCH_TOLERANCE = 0.05
 
 
 @dataclass

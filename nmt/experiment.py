@@ -62,9 +62,11 @@ def run_identity(overrides: list[str]) -> str:
     """What makes two runs the same run: the resolved config, less where it was written, with how many threads,
     on which device and through which attention implementation (none of which changes the result)."""
     with _COMPOSE:
-        _, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
-    for name in ("output_dir", "threads", "device", "attention"):
+        job, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
+    for name in ("output_dir", "threads", "device", "attention", "tokens_per_update"):
         resolved["train"].pop(name)
+    # an experiment is one process: its batch is max_tokens x the accumulation, however the recipe states it
+    resolved["train"]["update_freq"] = job.train.micro_batches(1)
     return json.dumps(resolved, sort_keys=True)
 
 

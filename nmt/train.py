@@ -98,7 +98,8 @@ class Trainer:
         self.optimizer = make_optimizer(self.model.parameters(), job.optim)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
-        self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the data position after them
+        self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the global data position after them
+        self.update_freq = self.cfg.micro_batches(env.world_size)  # ConfigError: the recipe's batch is out of reach
         self.skips = SkipGuard(self.cfg.max_bad_updates)
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
@@ -138,7 +139,7 @@ class Trainer:
         self.attention.check(cases, self.env.device)
 
     def next_micro_batches(self, stream) -> list:
-        items = [next(stream) for _ in range(self.cfg.update_freq)]
+        items = [next(stream) for _ in range(self.update_freq)]
         self.epoch, self.batch_index = items[-1][0], items[-1][1]
         return [batch for _, _, batch in items]
 
@@ -209,7 +210,7 @@ class Trainer:
         log_setup(self)
         stream = Prefetcher(training_stream(self.data.train, cfg.max_tokens, cfg.seed, env.rank, env.world_size,
                                             self.epoch, self.batch_index),
-                            depth=2 * cfg.update_freq, pin_memory=env.device.type == "cuda")
+                            depth=2 * self.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
         validated, stop = -1, None
         with stop_signals(env.main) as signals, contextlib.closing(stream):
@@ -246,10 +247,17 @@ class Trainer:
 
 def log_setup(trainer: Trainer) -> None:
     cfg, env = trainer.cfg, trainer.env
-    log.info("world size %d on %s, %s precision%s; %s parameters; effective batch <= %d tokens per update",
-             env.world_size, env.device, trainer.amp_dtype or "fp32",
-             ", torch.compile" if trainer.train_model is not trainer.data_parallel else "",
-             f"{count_parameters(trainer.model):,}", cfg.max_tokens * cfg.update_freq * env.world_size)
+    log.info("world size %d on %s, %s precision%s; %s parameters", env.world_size, env.device,
+             trainer.amp_dtype or "fp32", ", torch.compile" if trainer.train_model is not trainer.data_parallel else "",
+             f"{count_parameters(trainer.model):,}")
+    log.info("%s", effective_batch_line(env.world_size, cfg.max_tokens, trainer.update_freq, cfg.tokens_per_update))
+
+
+def effective_batch_line(world_size: int, max_tokens: int, update_freq: int, tokens_per_update: int) -> str:
+    """The batch the job trains, as every launch form logs it (at most these padded tokens per update)."""
+    recipe = f"recipe: {tokens_per_update}" if tokens_per_update else "recipe: not stated, train.tokens_per_update=0"
+    return (f"effective batch: {world_size} devices x {max_tokens} tokens x {update_freq} micro-batches = "
+            f"{world_size * max_tokens * update_freq} ({recipe})")
 
 
 def log_stop(trainer: Trainer, stop: str | None, received: str | None) -> None:
@@ -292,8 +300,9 @@ def run(job: TrainJob) -> Path:
     env = setup_env(job.train.device, job.train.threads)
     out = Path(job.train.output_dir)
     try:
+        job.train.micro_batches(env.world_size)  # the recipe's batch within reach of this launch, before any work
         held = hold_folder(env, out)  # before anything is written there, the log included
-    except CheckpointError:
+    except (ConfigError, CheckpointError):
         if env.world_size > 1:
             dist.destroy_process_group()
         setup_logging(None, env.main)  # to stderr: the folder's train.log is the other job's

@@ -1,12 +1,19 @@
 #!/bin/bash
-# Example SLURM job: the paper's base model on 2 nodes x 4 GPUs (8 GPUs, update_freq 1), surviving the cluster:
+# Example SLURM job: a recipe on N nodes x G GPUs, surviving the cluster. The batch is the recipe's
+# (train.tokens_per_update): the trainer derives the accumulation from the node and GPU counts, so 2 x 4 GPUs,
+# 1 x 8 or 4 x 2 train the same batch, and the job log's "effective batch:" line says so.
 # - 120 s before the time limit SLURM signals this script (USR1); it passes SIGTERM to torchrun, whose workers
 #   finish their update, save a complete checkpoint and exit (nmt.train's exit code 75), and the job requeues
 #   itself; the requeued job runs the same command, which resumes bit-identically where it stopped;
 # - preemption (SIGTERM to the job) takes the same path;
 # - a worker that dies (GPU fault, OOM kill) brings the group back from the last checkpoint, up to 3 times.
-# Submit from the repository root after `make install` and `make prepare-wmt14`:  sbatch scripts/slurm_train.sh
-#SBATCH --job-name=relnmt-base
+# Submit from the repository root after `make install` and `make prepare-wmt14`:
+#   sbatch scripts/slurm_train.sh                                  # the paper's base on WMT14 En-De
+#   sbatch scripts/slurm_train.sh paper_big big wmt14_en_de        # RECIPE MODEL DATA, then any overrides:
+#   sbatch --nodes=4 scripts/slurm_train.sh paper_base base wmt14_en_fr train.max_steps=50000
+# The job log is relnmt-<job id>.log in the submit folder (SLURM opens it before this script runs, so it
+# cannot be under a folder the script would create); the run's own log is OUTPUT/train.log.
+#SBATCH --job-name=relnmt
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=4
@@ -15,20 +22,25 @@
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
 #SBATCH --open-mode=append
-#SBATCH --output=outputs/slurm-%j.log
+#SBATCH --output=relnmt-%j.log
 
 set -uo pipefail
+recipe=${1:-paper_base}; model=${2:-base}; data=${3:-wmt14_en_de}
+shift $(( $# < 3 ? $# : 3 ))
+output=${OUTPUT:-outputs/${model}_${data}}
+gpus=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-4}}; gpus=${gpus##*:}  # "h100:4" -> 4
+python=${PYTHON:-.venv/bin/python}
 # on SIGTERM torchrun gives its workers this long (default 30 s) to finish the update and save; inside the 120 s
-export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=100
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-100}
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 stop=""
 on_signal() { stop=1; kill -TERM "$launcher" 2>/dev/null; }
 trap on_signal USR1 TERM
 
-srun --kill-on-bad-exit=1 .venv/bin/python -m torch.distributed.run \
-  --nnodes="$SLURM_NNODES" --nproc_per_node=4 --max-restarts=3 \
-  --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node:29500" \
-  -m nmt.train model=base data=wmt14_en_de +experiment=paper_base train.output_dir=outputs/base_wmt14_en_de &
+srun --kill-on-bad-exit=1 "$python" -m torch.distributed.run \
+  --nnodes="$SLURM_NNODES" --nproc_per_node="$gpus" --max-restarts=3 \
+  --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node:${RDZV_PORT:-29500}" \
+  -m nmt.train model="$model" data="$data" +experiment="$recipe" train.output_dir="$output" "$@" &
 launcher=$!
 wait "$launcher"; status=$?
 while kill -0 "$launcher" 2>/dev/null; do wait "$launcher"; status=$?; done  # a trap interrupts the first wait

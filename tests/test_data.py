@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nmt.data import readers
-from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
+from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches, training_stream
 from nmt.data.pipeline import drop_reason, prepare
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
@@ -193,6 +193,33 @@ def test_resume_at_position_gives_the_same_batches(corpus):
     assert [p for p, _ in resumed] == [p for p, _ in full][4:]
     for (_, a), (_, b) in zip(full[4:], resumed):
         assert a.src.equal(b.src) and a.tgt_in.equal(b.tgt_in)
+
+
+def stream_updates(shard, world_size: int, update_freq: int, epoch: int, start: int, updates: int):
+    """The target rows each update trains on, over every rank, and every rank's data position after it."""
+    streams = [training_stream(shard, 2048, 5, rank, world_size, epoch, start) for rank in range(world_size)]
+    rows, positions = [], []
+    for _ in range(updates):
+        items = [[next(stream) for _ in range(update_freq)] for stream in streams]
+        rows.append(sorted(tuple(row) for rank in items for _, _, b in rank for row in b.tgt_out.tolist()))
+        positions.append({rank[-1][:2] for rank in items})
+    return rows, positions
+
+
+def test_an_update_trains_the_same_batches_on_any_world_size(corpus):
+    """One global sequence dealt out to the ranks: 1 x 4, 2 x 2 and 4 x 1 micro-batches are the same set per
+    update, every rank agrees on the data position, and resuming from it on another world size continues the same
+    sequence (across an epoch's end too)."""
+    shard = EncodedSplit(prepare(local_config(corpus)), "train", 600)
+    one, one_positions = stream_updates(shard, 1, 4, 0, 0, 12)
+    for world_size in (2, 4):
+        rows, positions = stream_updates(shard, world_size, 4 // world_size, 0, 0, 12)
+        assert rows == one and positions == one_positions
+        assert all(len(p) == 1 for p in positions)
+    (epoch, start), = one_positions[5]
+    resumed, _ = stream_updates(shard, 2, 2, epoch, start, 6)
+    assert resumed == one[6:]
+    assert len({e for p in one_positions for e, _ in p}) > 1  # the 12 updates cross epochs
 
 
 def test_collate_adds_bos_eos_and_pads_right(corpus):

@@ -118,18 +118,33 @@ def epoch_batches(shard: EncodedSplit, max_tokens: int, seed: int, epoch: int, r
         yield position, collate(shard, mine[position])
 
 
-def training_stream(shard: EncodedSplit, max_tokens: int, seed: int, rank: int, world_size: int, epoch: int,
-                    start: int):
-    """Endless (epoch, position after it, Batch) for this rank from a saved data position, epoch after epoch.
-
-    It may run ahead of the trainer (Prefetcher), so the trainer keeps as its data position the last item it
-    consumed, never how far the stream has read."""
+def global_batches(shard: EncodedSplit, max_tokens: int, seed: int, epoch: int, start: int):
+    """Endless (epoch, position after it, pair indices) of the one global sequence of batches, epoch after epoch,
+    from a data position. It does not depend on the world size: a run on 1 device and on 8 sees the same batches."""
     if len(shard) == 0:  # an epoch without a batch would loop here for ever
         raise ValueError("the training split holds no pair: no batch can come")
     while True:
-        for position, batch in epoch_batches(shard, max_tokens, seed, epoch, rank, world_size, start=start):
-            yield epoch, position + 1, batch
+        batches = make_batches(shard.src_lengths + 1, shard.tgt_lengths + 1, max_tokens, seed, epoch)
+        for position in range(start, len(batches)):
+            yield epoch, position + 1, batches[position]
         epoch, start = epoch + 1, 0
+
+
+def training_stream(shard: EncodedSplit, max_tokens: int, seed: int, rank: int, world_size: int, epoch: int,
+                    start: int):
+    """Endless (epoch, position, Batch) for this rank: the global sequence dealt out world_size at a time, rank r
+    taking the r-th of each deal (fairseq's sharded iterator). The position is the global one after the whole deal,
+    the same on every rank, so an update of F micro-batches per rank consumes global batches [u*W*F, (u+1)*W*F) and
+    a resume on another world size continues the same sequence.
+
+    It may run ahead of the trainer (Prefetcher), so the trainer keeps as its data position the last item it
+    consumed, never how far the stream has read."""
+    deal = []
+    for item in global_batches(shard, max_tokens, seed, epoch, start):
+        deal.append(item)
+        if len(deal) == world_size:
+            yield deal[-1][0], deal[-1][1], collate(shard, deal[rank][2])
+            deal = []
 
 
 class Prefetcher:

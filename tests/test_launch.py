@@ -1,0 +1,95 @@
+"""The batch belongs to the recipe: every launch form trains the same batch (train.tokens_per_update)."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.checkpoint import LAST, load_checkpoint
+from nmt.config import ConfigError, TrainConfig
+from tests.conftest import ROOT, data_overrides, model_overrides
+
+
+def test_accumulation_is_derived_from_the_recipe_batch():
+    paper = TrainConfig(tokens_per_update=32768, max_tokens=4096)
+    assert [paper.micro_batches(w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert TrainConfig(tokens_per_update=32768, max_tokens=32768).micro_batches(1) == 1
+    assert TrainConfig(tokens_per_update=32768, max_tokens=2731).micro_batches(6) == 2  # 12 x 2,731: 0.01 % over
+    assert TrainConfig(tokens_per_update=32768, max_tokens=4096, update_freq=4).micro_batches(2) == 4
+    assert TrainConfig(max_tokens=1000, update_freq=3).micro_batches(5) == 3  # no stated batch: as given
+
+
+@pytest.mark.parametrize("world_size, max_tokens, update_freq, message", [
+    (3, 4096, None, "cannot be reached on 3 device"),  # 8 micro-batches do not share over 3 devices
+    (16, 4096, None, "cannot be reached on 16 device"),  # fewer micro-batches than devices
+    (1, 5000, None, "miss it by more than 5%"),  # 7 x 5,000 = 35,000
+    (2, 4096, 2, "train.update_freq=2 contradicts train.tokens_per_update=32768"),
+])
+def test_a_batch_out_of_reach_is_refused(world_size, max_tokens, update_freq, message):
+    config = TrainConfig(tokens_per_update=32768, max_tokens=max_tokens, update_freq=update_freq)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config.micro_batches(world_size)
+
+
+def test_the_trainer_refuses_an_unreachable_batch_in_one_line(prepared, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nmt.train", *data_overrides(prepared), *model_overrides(),
+                             "train.tokens_per_update=1000", "train.max_tokens=600", f"train.output_dir={tmp_path}/r"],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.tokens_per_update=1000 cannot be reached on 1 device" in lines[0]
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
+    """One process with 4 micro-batches, torchrun on one node of 4 and two torchrun agents ("nodes") of 2 meeting
+    at a c10d rendezvous: the same logged batch, and Adam's first moment after update 1 (the gradient itself, times
+    1 - beta1) equal to float tolerance. The weights after one Adam step could not show it (each moves by ~lr)."""
+    budget = 300
+    overrides = [*data_overrides(prepared), *model_overrides(dropout=0.0), "train.max_steps=1",
+                 f"train.max_tokens={budget}", f"train.tokens_per_update={4 * budget}", "train.valid_every=0",
+                 "train.valid_bleu_sentences=0", "train.seed=3", "train.threads=1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    run = [sys.executable, "-m", "nmt.train"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+
+    def launch(name, *commands):
+        procs = [subprocess.Popen([*c, "-m", "nmt.train", *overrides, f"train.output_dir={tmp_path}/{name}"]
+                                  if c is not run else [*c, *overrides, f"train.output_dir={tmp_path}/{name}"],
+                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for c in commands]
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            assert p.returncode == 0, out[-3000:]
+        return tmp_path / name
+
+    port = free_port()
+    node = [*torchrun, "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_id=rehearsal",
+            f"--rdzv_endpoint=127.0.0.1:{port}"]
+    forms = {"one process": launch("single", run),
+             "one node of 4": launch("node4", [*torchrun, "--standalone", "--nproc_per_node=4"]),
+             "two nodes of 2": launch("nodes2x2", node, node)}
+    expected = {"one process": "1 devices x 300 tokens x 4 micro-batches = 1200 (recipe: 1200)",
+                "one node of 4": "4 devices x 300 tokens x 1 micro-batches = 1200 (recipe: 1200)",
+                "two nodes of 2": "4 devices x 300 tokens x 1 micro-batches = 1200 (recipe: 1200)"}
+    reference = load_checkpoint(forms["one process"] / LAST)["optimizer"]["state"]
+    for form, folder in forms.items():
+        assert f"effective batch: {expected[form]}" in (folder / "train.log").read_text(), form
+        state = load_checkpoint(folder / LAST)["optimizer"]["state"]
+        assert state.keys() == reference.keys()
+        for key in reference:
+            torch.testing.assert_close(state[key]["exp_avg"], reference[key]["exp_avg"], rtol=1e-4, atol=1e-9,
+                                       msg=lambda m: f"{form}, parameter {key}: {m}")
+    assert any(s["exp_avg"].abs().sum() > 0 for s in reference.values())  # a real gradient, not zeros

@@ -2,9 +2,12 @@
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,3 +96,52 @@ def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
             torch.testing.assert_close(state[key]["exp_avg"], reference[key]["exp_avg"], rtol=1e-4, atol=1e-9,
                                        msg=lambda m: f"{form}, parameter {key}: {m}")
     assert any(s["exp_avg"].abs().sum() > 0 for s in reference.values())  # a real gradient, not zeros
+
+
+SHIM = ROOT / "tests" / "slurm_shim"
+
+
+@pytest.mark.slow
+def test_slurm_script_requeues_on_its_signal_and_resumes_bit_identically(prepared, tmp_path):
+    """scripts/slurm_train.sh under a shim of sbatch/srun/scontrol (2 "nodes" of 1 process on this machine, c10d):
+    USR1 mid-run (SLURM's --signal=B:USR1@120) leaves a complete checkpoint and a requeue; the requeued job ends with
+    the parameters of an uninterrupted job. Submitted from a fresh folder: its job log needs no folder made first."""
+    recipe = [*data_overrides(prepared), *model_overrides(), "train.max_tokens=2048", "train.max_steps=30",
+              "train.save_every_steps=5", "train.keep_last=0", "train.valid_every=0", "train.valid_bleu_sentences=0",
+              "train.log_every=5", "train.device=cpu", "train.threads=1"]
+    submit = tmp_path / "submit"
+    submit.mkdir()
+
+    def sbatch(job_id: str, output: Path) -> subprocess.Popen:
+        env = {**os.environ, "PATH": f"{SHIM}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+               "PYTHON": sys.executable, "OUTPUT": str(output), "RDZV_PORT": str(free_port()),
+               "SLURM_JOB_ID": job_id, "SHIM_REQUEUED": str(tmp_path / "requeued"),
+               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "60"}
+        return subprocess.Popen(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local",
+                                 *recipe], cwd=submit, env=env)
+
+    whole = sbatch("1", tmp_path / "whole")
+    assert whole.wait(timeout=600) == 0, (submit / "relnmt-1.log").read_text()[-3000:]
+
+    stopped = sbatch("2", tmp_path / "stopped")
+    first = tmp_path / "stopped" / "checkpoint_0000005.pt"
+    for _ in range(6000):
+        if first.exists() or stopped.poll() is not None:
+            break
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGUSR1)
+    log = submit / "relnmt-2.log"
+    assert stopped.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert "requeueing job 2" in log.read_text()
+    assert (tmp_path / "requeued").read_text().split() == ["2"]
+    state = load_checkpoint(tmp_path / "stopped" / LAST)
+    assert 5 <= state["step"] < 30 and state["saved_for"] == "signal" and state["world_size"] == 2
+
+    requeued = sbatch("2", tmp_path / "stopped")  # SLURM runs the same script again, under the same job id
+    assert requeued.wait(timeout=600) == 0, log.read_text()[-3000:]
+    assert (tmp_path / "requeued").read_text().split() == ["2"]  # finished: no second requeue
+    assert "effective batch: 2 devices x 2048 tokens x 1 micro-batches = 4096 (recipe: 4096)" in log.read_text()
+    a, b = load_checkpoint(tmp_path / "whole" / LAST), load_checkpoint(tmp_path / "stopped" / LAST)
+    assert a["step"] == b["step"] == 30
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name

@@ -12,8 +12,10 @@ LAUNCH = TORCH_ELASTIC_SHUTDOWN_TIMEOUT=300 $(PY) -m torch.distributed.run --sta
 PAIR ?= en-de
 TGT = $(word 2,$(subst -, ,$(PAIR)))
 CKPT ?= outputs/base_wmt14_en_de/averaged.pt
-# outputs are named after the test set: newstest2014 from sacrebleu, or the local file's name (SRC=, REF=)
+# outputs are named after the test set: newstest2014 (Table 1) or newstest2013 (the ablations) from sacrebleu
+# (its cache folder, ~/.sacrebleu or $$SACREBLEU, works offline once filled), or the local files SRC= and REF=
 TESTSET ?= $(if $(SRC)$(REF),$(basename $(notdir $(or $(SRC),$(REF)))),newstest2014)
+SACREBLEU_SET = $(if $(filter newstest2013,$(TESTSET)),wmt13,wmt14/full)
 NEWSTEST = $(dir $(CKPT))$(TESTSET).$(PAIR)
 MODEL ?= base
 DATA ?= wmt14_en_de
@@ -77,29 +79,40 @@ EXPORT ?= $(dir $(CKPT))ctranslate2$(if $(QUANT),_$(QUANT))
 export: install
 	$(PY) -m nmt.export checkpoint=$(CKPT) output=$(EXPORT) $(if $(QUANT),quantization=$(QUANT))
 
-# newstest2014 from sacrebleu's wmt14/full (3,003 sentences for en-de); offline: make decode SRC=local/file
+# newstest2014 from sacrebleu's wmt14/full (3,003 sentences for en-de), newstest2013 (TESTSET=newstest2013) from
+# its wmt13; offline: make decode SRC=local/file
 decode: install
 	@mkdir -p $(dir $(CKPT))
-	$(if $(SRC),cp $(SRC) $(NEWSTEST).src,.venv/bin/sacrebleu -t wmt14/full -l $(PAIR) --echo src > $(NEWSTEST).src)
+	$(if $(SRC),cp $(SRC) $(NEWSTEST).src,.venv/bin/sacrebleu -t $(SACREBLEU_SET) -l $(PAIR) --echo src > $(NEWSTEST).src)
 	$(PY) -m nmt.translate checkpoint=$(CKPT) input=$(NEWSTEST).src output=$(NEWSTEST).hyp
 
 score: install
-	$(if $(REF),cp $(REF) $(NEWSTEST).ref,.venv/bin/sacrebleu -t wmt14/full -l $(PAIR) --echo ref > $(NEWSTEST).ref)
+	$(if $(REF),cp $(REF) $(NEWSTEST).ref,.venv/bin/sacrebleu -t $(SACREBLEU_SET) -l $(PAIR) --echo ref > $(NEWSTEST).ref)
 	$(PY) -m nmt.score hyp=$(NEWSTEST).hyp ref=$(NEWSTEST).ref lang=$(TGT) output=$(NEWSTEST).json
 
-# Table 2: clipping distance k. One run per k, each under torchrun with the recipe's batch (RECIPE=paper_$(MODEL);
-# on a CPU: MODEL=tiny DATA=multi30k_en_de RECIPE=table1 NPROC=1).
+# Tables 2 and 3, each down to its table: one run per row under torchrun with the recipe's batch
+# (RECIPE=paper_$(MODEL); on a CPU: MODEL=tiny DATA=multi30k_en_de RECIPE=table1 NPROC=1), then every row's
+# checkpoint as the recipe leaves it (averaged.pt where it averages, else checkpoint_last.pt) decoded (beam 4,
+# alpha 0.6) and scored on newstest2013 (SRC= REF= for local files), then table.md. CLIPS= / KV= choose the rows;
+# ABLATIONS= the folder above outputs/ablate-k/.
+CLIPS ?= 0 1 2 4 16 64 256
+KV ?= true,true true,false false,true false,false
+ABLATIONS ?= outputs
+ABLATION = $(ABLATIONS)/$@/$(MODEL)_$(DATA)
+# decode + score the row folder $$row
+SCORE_ROW = ckpt=$$row/averaged.pt; [ -f $$ckpt ] || ckpt=$$row/checkpoint_last.pt; \
+	  $(MAKE) --no-print-directory decode score CKPT=$$ckpt TESTSET=newstest2013 || exit 1
 ablate-k: install
-	for k in 0 1 2 4 16 64 256; do \
+	for k in $(CLIPS); do row=$(ABLATION)/k$$k; \
 	  $(LAUNCH) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) model.clip=$$k \
-	    train.output_dir=outputs/ablate-k/$(MODEL)_$(DATA)/k$$k $(EXTRA) || exit 1; done
+	    train.output_dir=$$row $(EXTRA) || exit 1; $(SCORE_ROW); done
+	$(PY) -m nmt.table $(ABLATION) > $(ABLATION)/table.md && cat $(ABLATION)/table.md
 
-# Table 3: a^K and a^V on or off.
 ablate-kv: install
-	for kv in true,true true,false false,true false,false; do \
-	  k=$${kv%,*}; v=$${kv#*,}; \
+	for kv in $(KV); do k=$${kv%,*}; v=$${kv#*,}; row=$(ABLATION)/key-$$k.value-$$v; \
 	  $(LAUNCH) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) model.rel_key=$$k model.rel_value=$$v \
-	    train.output_dir=outputs/ablate-kv/$(MODEL)_$(DATA)/key-$$k.value-$$v $(EXTRA) || exit 1; done
+	    train.output_dir=$$row $(EXTRA) || exit 1; $(SCORE_ROW); done
+	$(PY) -m nmt.table $(ABLATION) > $(ABLATION)/table.md && cat $(ABLATION)/table.md
 
 # The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):
 # results/<table>/<row>/seed<k>/; a sweep that was stopped resumes where it stopped. JOBS runs side by side.

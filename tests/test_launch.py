@@ -1,5 +1,6 @@
 """The batch belongs to the recipe: every launch form trains the same batch (train.tokens_per_update)."""
 
+import json
 import os
 import re
 import signal
@@ -145,3 +146,26 @@ def test_slurm_script_requeues_on_its_signal_and_resumes_bit_identically(prepare
     assert a["step"] == b["step"] == 30
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+
+
+@pytest.mark.slow
+def test_make_ablate_k_ends_in_its_table(prepared, tmp_path):
+    """make ablate-k at toy size with two values of k, 2 gloo processes, local newstest files: each row trained with
+    the recipe's batch, decoded and scored, and table.md holding the rows' scores."""
+    extra = " ".join([*data_overrides(prepared), *model_overrides(), "train.max_steps=4", "train.save_every_steps=2",
+                      "train.valid_every=0", "train.valid_bleu_sentences=0", "train.device=cpu", "train.threads=1"])
+    test = Path(prepared.test)
+    result = subprocess.run(
+        ["make", "--no-print-directory", "ablate-k", "MODEL=tiny", "DATA=local", "RECIPE=table1", "NPROC=2",
+         "MAX_TOKENS=2048", "CLIPS=0 2", f"ABLATIONS={tmp_path}", f"SRC={test}.en", f"REF={test}.de",
+         f"EXTRA={extra}"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    folder = tmp_path / "ablate-k" / "tiny_local"
+    table = (folder / "table.md").read_text()
+    for k in (0, 2):
+        record = json.loads((folder / f"k{k}" / "newstest2013.en-de.json").read_text())
+        assert f"| k{k} | {record['bleu']:.2f} | {record['compound_split_bleu']:.2f} |" in table
+        assert "effective batch: 2 devices x 2048 tokens x 1 micro-batches = 4096 (recipe: 4096)" in \
+            (folder / f"k{k}" / "train.log").read_text()
+    assert "sacreBLEU signature: nrefs:1" in table

@@ -178,10 +178,8 @@ class TrainConfig:
     max_steps: int = 100_000  # optimizer updates
     max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
-    # The recipe's effective batch: padded tokens per update over every device and micro-batch (the paper's:
-    # 8 GPUs x 4,096 = 32,768). The trainer derives the accumulation from it (micro_batches); 0 = not stated:
-    # world size x max_tokens x update_freq, whatever the launch gives.
-    tokens_per_update: int = 0
+    # The trainer derives the accumulation from it (micro_batches), so every launch form trains the same batch.
+    tokens_per_update: int = 0  # the recipe's batch: padded tokens per update, all devices (0: W x max_tokens x F)
     update_freq: Optional[int] = None  # micro-batches per update per device; null = derived (1 with no stated batch)
     save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)
     save_every_minutes: float = 0.0  # 0 = off; the paper's big model saves every 10 minutes

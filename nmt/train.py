@@ -133,8 +133,7 @@ class Trainer:
         return self.earlier_seconds + time.monotonic() - self.start_time
 
     def check_attention(self) -> None:
-        """Self-test the fused kernel on every case this model can meet, before torch.compile traces: it then
-        serves only the cases that passed on every rank (nmt/kernels/dispatch.py)."""
+        """Self-test the fused kernel on every case the model can meet, before torch.compile (kernels/dispatch.py)."""
         cases = model_cases(self.job.model, self.amp_dtype or torch.float32, self.env.device, training=True)
         self.attention.check(cases, self.env.device)
 

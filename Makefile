@@ -54,12 +54,13 @@ prepare-wmt14-fr: install
 
 # Shaw et al. 2018 base and big: the recipes are configs/experiment/paper_{base,big}.yaml (updates, batch,
 # checkpoint cadence, averaging); here only the device count (and, if given, the micro-batch) are added.
+# DATA=wmt14_en_fr (after make prepare-wmt14-fr) for En-Fr.
 MICRO = $(if $(MAX_TOKENS),train.max_tokens=$(MAX_TOKENS))
 train-base: install
-	$(LAUNCH) model=base data=wmt14_en_de +experiment=paper_base $(MICRO) $(EXTRA)
+	$(LAUNCH) model=base data=$(DATA) +experiment=paper_base $(MICRO) $(EXTRA)
 
 train-big: install
-	$(LAUNCH) model=big data=wmt14_en_de +experiment=paper_big $(MICRO) $(EXTRA)
+	$(LAUNCH) model=big data=$(DATA) +experiment=paper_big $(MICRO) $(EXTRA)
 
 # Two CPU processes (gloo) of the tiny model for 30 updates: proof that the DDP path runs end to end.
 train-smoke: install

@@ -169,3 +169,29 @@ def test_make_ablate_k_ends_in_its_table(prepared, tmp_path):
         assert "effective batch: 2 devices x 2048 tokens x 1 micro-batches = 4096 (recipe: 4096)" in \
             (folder / f"k{k}" / "train.log").read_text()
     assert "sacreBLEU signature: nrefs:1" in table
+
+
+@pytest.mark.slow
+def test_make_train_base_on_8_processes_then_average_decode_score(prepared, tmp_path):
+    """The README's GPU path at toy size: make train-base with NPROC=8 (8 gloo processes standing in for 8 GPUs, the
+    recipe's 32,768-token batch at 4,096 a device), then make average, make decode and make score on local files."""
+    out = tmp_path / "base"
+    extra = " ".join([*data_overrides(prepared), *model_overrides(), "train.max_steps=2", "train.save_every_steps=1",
+                      "train.valid_every=0", "train.valid_bleu_sentences=0", "train.device=cpu", "train.threads=1",
+                      f"train.output_dir={out}"])
+    test = Path(prepared.test)
+    ckpt = out / "averaged.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for verb in (["train-base", "NPROC=8", "DATA=local", f"EXTRA={extra}"], ["average", "LAST=2"],
+                 ["decode", f"SRC={test}.en", "TESTSET=newstest2014"],
+                 ["score", f"REF={test}.de", "TESTSET=newstest2014"]):
+        done = subprocess.run(["make", "--no-print-directory", *verb, f"CKPT={ckpt}"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "effective batch: 8 devices x 4096 tokens x 1 micro-batches = 32768 (recipe: 32768)" in \
+        (out / "train.log").read_text()
+    assert load_checkpoint(out / LAST)["world_size"] == 8
+    record = json.loads((out / "newstest2014.en-de.json").read_text())
+    assert record["sentences"] == 15 and record["signature"].startswith("nrefs:1")
+    hyps = (out / "newstest2014.en-de.hyp").read_text(encoding="utf-8").splitlines()
+    assert len(hyps) == 15

@@ -15,7 +15,8 @@ import torch
 
 from nmt.checkpoint import LAST, load_checkpoint
 from nmt.config import ConfigError, TrainConfig
-from tests.conftest import ROOT, data_overrides, model_overrides
+from nmt.data.shards import EncodedSplit
+from tests.conftest import ROOT, data_overrides, model_overrides, multi30k_lines
 
 
 def test_accumulation_is_derived_from_the_recipe_batch():
@@ -195,3 +196,39 @@ def test_make_train_base_on_8_processes_then_average_decode_score(prepared, tmp_
     assert record["sentences"] == 15 and record["signature"].startswith("nrefs:1")
     hyps = (out / "newstest2014.en-de.hyp").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 15
+
+
+HUB_README = """---
+configs:
+- config_name: de-en
+  data_files:
+  - split: train
+    path: de-en/train-*
+  - split: validation
+    path: de-en/validation-*
+  - split: test
+    path: de-en/test-*
+---
+"""
+
+
+def test_wmt14_prepares_offline_from_a_copy_of_the_hub_repository(tmp_path):
+    """data=wmt14_en_de data.hub_name=DIR: a folder in the hub repository's layout (README configs, de-en/*.parquet,
+    rows {"translation": {"de", "en"}}) prepares through the hub reader without network, as a cluster node does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hub = tmp_path / "wmt14"
+    (hub / "de-en").mkdir(parents=True)
+    (hub / "README.md").write_text(HUB_README)
+    for split, source, n in [("train", "train", 1500), ("validation", "val", 20), ("test", "test_2016_flickr", 15)]:
+        rows = [{"de": de, "en": en} for en, de in zip(multi30k_lines(source, "en", n), multi30k_lines(source, "de", n))]
+        pq.write_table(pa.table({"translation": rows}), hub / "de-en" / f"{split}-00000-of-00001.parquet")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run([sys.executable, "-m", "nmt.prepare", "data=wmt14_en_de", f"data.hub_name={hub}",
+                           "data.vocab_size=600", f"data.prepared_dir={tmp_path}/prepared"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert str(hub) in json.dumps(manifest)
+    assert len(EncodedSplit(tmp_path / "prepared", "test", 600)) == 15

@@ -94,9 +94,12 @@ def load_hub_split(name: str, config: str, split: str):
     offline_hint = (
         f"to use a local copy, either pre-download it into the datasets cache on a machine with network "
         f"(python -c \"import datasets; datasets.load_dataset('{name}', '{config}')\") and point HF_HOME or "
-        f"HF_DATASETS_CACHE at it, or export plain text files and use data=local data.train=PREFIX ..."
+        f"HF_DATASETS_CACHE at it, or copy the hub repository and give its folder as data.hub_name=DIR, or export "
+        f"plain text files and use data=local data.train=PREFIX ..."
     )
     offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+    # a folder is a copy of the hub repository (huggingface-cli download wmt/wmt14 --repo-type dataset --local-dir D)
+    offline = offline or Path(name).is_dir()
     if not offline and not _hub_reachable():
         raise DataError(f"cannot reach the Hugging Face hub to load {name} ({config}); if the dataset is already "
                         f"cached, set HF_DATASETS_OFFLINE=1; otherwise {offline_hint}")

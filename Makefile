@@ -46,11 +46,12 @@ LINES ?=
 demo: install
 	$(PY) scripts/demo.py $(if $(UPDATES),--updates $(UPDATES)) $(if $(LINES),--lines $(LINES)) --output outputs/demo
 
+# offline: EXTRA=data.hub_name=DIR, a copy of the hub repository wmt/wmt14
 prepare-wmt14: install
-	$(PY) -m nmt.prepare data=wmt14_en_de
+	$(PY) -m nmt.prepare data=wmt14_en_de $(EXTRA)
 
 prepare-wmt14-fr: install
-	$(PY) -m nmt.prepare data=wmt14_en_fr
+	$(PY) -m nmt.prepare data=wmt14_en_fr $(EXTRA)
 
 # Shaw et al. 2018 base and big: the recipes are configs/experiment/paper_{base,big}.yaml (updates, batch,
 # checkpoint cadence, averaging); here only the device count (and, if given, the micro-batch) are added.

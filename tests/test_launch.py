@@ -150,48 +150,53 @@ def test_slurm_script_requeues_on_its_signal_and_resumes_bit_identically(prepare
 
 
 @pytest.mark.slow
-def test_make_ablate_k_ends_in_its_table(prepared, tmp_path):
-    """make ablate-k at toy size with two values of k, 2 gloo processes, local newstest files: each row trained with
-    the recipe's batch, decoded and scored, and table.md holding the rows' scores."""
+@pytest.mark.parametrize("verb, rows", [("ablate-k", ["CLIPS=0 2", "k0", "k2"]),
+                                        ("ablate-kv", ["KV=true,true false,false", "key-true.value-true",
+                                                       "key-false.value-false"])])
+def test_make_ablation_ends_in_its_table(prepared, tmp_path, verb, rows):
+    """make ablate-k / ablate-kv at toy size with two rows, 2 gloo processes, local newstest files: each row trained
+    with the recipe's batch, decoded and scored, and table.md holding the rows' scores."""
     extra = " ".join([*data_overrides(prepared), *model_overrides(), "train.max_steps=4", "train.save_every_steps=2",
                       "train.valid_every=0", "train.valid_bleu_sentences=0", "train.device=cpu", "train.threads=1"])
     test = Path(prepared.test)
     result = subprocess.run(
-        ["make", "--no-print-directory", "ablate-k", "MODEL=tiny", "DATA=local", "RECIPE=table1", "NPROC=2",
-         "MAX_TOKENS=2048", "CLIPS=0 2", f"ABLATIONS={tmp_path}", f"SRC={test}.en", f"REF={test}.de",
+        ["make", "--no-print-directory", verb, "MODEL=tiny", "DATA=local", "RECIPE=table1", "NPROC=2",
+         "MAX_TOKENS=2048", rows[0], f"ABLATIONS={tmp_path}", f"SRC={test}.en", f"REF={test}.de",
          f"EXTRA={extra}"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
         timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    folder = tmp_path / "ablate-k" / "tiny_local"
+    folder = tmp_path / verb / "tiny_local"
     table = (folder / "table.md").read_text()
-    for k in (0, 2):
-        record = json.loads((folder / f"k{k}" / "newstest2013.en-de.json").read_text())
-        assert f"| k{k} | {record['bleu']:.2f} | {record['compound_split_bleu']:.2f} |" in table
+    for row in rows[1:]:
+        record = json.loads((folder / row / "newstest2013.en-de.json").read_text())
+        assert f"| {row} | {record['bleu']:.2f} | {record['compound_split_bleu']:.2f} |" in table
         assert "effective batch: 2 devices x 2048 tokens x 1 micro-batches = 4096 (recipe: 4096)" in \
-            (folder / f"k{k}" / "train.log").read_text()
+            (folder / row / "train.log").read_text()
     assert "sacreBLEU signature: nrefs:1" in table
 
 
 @pytest.mark.slow
-def test_make_train_base_on_8_processes_then_average_decode_score(prepared, tmp_path):
+@pytest.mark.parametrize("verb, nproc, update_freq", [("train-base", 8, 1), ("train-big", 2, 4)])
+def test_make_train_then_average_decode_score(prepared, tmp_path, verb, nproc, update_freq):
     """The README's GPU path at toy size: make train-base with NPROC=8 (8 gloo processes standing in for 8 GPUs, the
-    recipe's 32,768-token batch at 4,096 a device), then make average, make decode and make score on local files."""
-    out = tmp_path / "base"
+    recipe's 32,768-token batch at 4,096 a device) or train-big on 2 (4 micro-batches each), then make average, make
+    decode and make score on local files."""
+    out = tmp_path / verb
     extra = " ".join([*data_overrides(prepared), *model_overrides(), "train.max_steps=2", "train.save_every_steps=1",
                       "train.valid_every=0", "train.valid_bleu_sentences=0", "train.device=cpu", "train.threads=1",
                       f"train.output_dir={out}"])
     test = Path(prepared.test)
     ckpt = out / "averaged.pt"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for verb in (["train-base", "NPROC=8", "DATA=local", f"EXTRA={extra}"], ["average", "LAST=2"],
+    for step in ([verb, f"NPROC={nproc}", "DATA=local", f"EXTRA={extra}"], ["average", "LAST=2"],
                  ["decode", f"SRC={test}.en", "TESTSET=newstest2014"],
                  ["score", f"REF={test}.de", "TESTSET=newstest2014"]):
-        done = subprocess.run(["make", "--no-print-directory", *verb, f"CKPT={ckpt}"], cwd=ROOT, env=env,
+        done = subprocess.run(["make", "--no-print-directory", *step, f"CKPT={ckpt}"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    assert "effective batch: 8 devices x 4096 tokens x 1 micro-batches = 32768 (recipe: 32768)" in \
-        (out / "train.log").read_text()
-    assert load_checkpoint(out / LAST)["world_size"] == 8
+    assert f"effective batch: {nproc} devices x 4096 tokens x {update_freq} micro-batches = 32768 (recipe: 32768)" \
+        in (out / "train.log").read_text()
+    assert load_checkpoint(out / LAST)["world_size"] == nproc
     record = json.loads((out / "newstest2014.en-de.json").read_text())
     assert record["sentences"] == 15 and record["signature"].startswith("nrefs:1")
     hyps = (out / "newstest2014.en-de.hyp").read_text(encoding="utf-8").splitlines()
@@ -224,10 +229,10 @@ def test_wmt14_prepares_offline_from_a_copy_of_the_hub_repository(tmp_path):
     for split, source, n in [("train", "train", 1500), ("validation", "val", 20), ("test", "test_2016_flickr", 15)]:
         rows = [{"de": de, "en": en} for en, de in zip(multi30k_lines(source, "en", n), multi30k_lines(source, "de", n))]
         pq.write_table(pa.table({"translation": rows}), hub / "de-en" / f"{split}-00000-of-00001.parquet")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
-    done = subprocess.run([sys.executable, "-m", "nmt.prepare", "data=wmt14_en_de", f"data.hub_name={hub}",
-                           "data.vocab_size=600", f"data.prepared_dir={tmp_path}/prepared"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    done = subprocess.run(["make", "--no-print-directory", "prepare-wmt14",
+                           f"EXTRA=data.hub_name={hub} data.vocab_size=600 data.prepared_dir={tmp_path}/prepared"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
     assert str(hub) in json.dumps(manifest)

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.slow
 
 COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|make|\.venv/bin/|sacrebleu|scripts/|echo |tensorboard|pip |\. )")
 SMALL_TRAIN = "train.max_steps=2 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"
-GPU = "needs GPUs (the paper's WMT14 recipes)"
-HUB = "downloads WMT14 from the Hugging Face hub"
+GPU = "needs GPUs (the paper's WMT14 recipes; tests/test_launch.py rehearses them at toy size)"
+HUB = "downloads WMT14 from the Hugging Face hub (tests/test_launch.py prepares it from a local copy)"
 HOURS = "hours on a CPU (its code runs at small size in tests/test_experiments.py)"
 
 # (pattern, what to do): "skip: why", "mention: why" (a name in prose, not a command to run), or text to append.

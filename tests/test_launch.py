@@ -227,7 +227,8 @@ def test_wmt14_prepares_offline_from_a_copy_of_the_hub_repository(tmp_path):
     (hub / "de-en").mkdir(parents=True)
     (hub / "README.md").write_text(HUB_README)
     for split, source, n in [("train", "train", 1500), ("validation", "val", 20), ("test", "test_2016_flickr", 15)]:
-        rows = [{"de": de, "en": en} for en, de in zip(multi30k_lines(source, "en", n), multi30k_lines(source, "de", n))]
+        pairs = zip(multi30k_lines(source, "en", n), multi30k_lines(source, "de", n))
+        rows = [{"de": de, "en": en} for en, de in pairs]
         pq.write_table(pa.table({"translation": rows}), hub / "de-en" / f"{split}-00000-of-00001.parquet")
     env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
     done = subprocess.run(["make", "--no-print-directory", "prepare-wmt14",

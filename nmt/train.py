@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -338,7 +339,11 @@ def main(cfg) -> None:
         run(job)
     except TrainingStopped:
         sys.exit(EXIT_STOPPED)
-    except (ConfigError, DataError, CheckpointError, FloatingPointError) as err:
+    except ConfigError as err:  # the same on every rank: said once, by rank 0
+        if os.environ.get("RANK", "0") == "0":
+            log.error("%s", err)
+        sys.exit(2)
+    except (DataError, CheckpointError, FloatingPointError) as err:
         log.error("%s", err)
         sys.exit(2)
 

@@ -120,26 +120,26 @@ ablate-kv: install
 # results/<table>/<row>/seed<k>/; a sweep that was stopped resumes where it stopped. JOBS runs side by side.
 JOBS ?= 2
 table1 table2 table3 beyond: install
-	$(PY) scripts/sweep.py $@ --jobs $(JOBS)
+	$(PY) -m experiments.sweep $@ --jobs $(JOBS)
 
 length-study: install
-	$(PY) scripts/sweep.py length --jobs $(JOBS)
+	$(PY) -m experiments.sweep length --jobs $(JOBS)
 
 # Shaw against T5's bias, ALiBi and RoPE on Table 1's recipe, 3 seeds, both pairs (hours on a CPU)
 descendants: install
-	$(PY) scripts/sweep.py descendants --jobs $(JOBS)
+	$(PY) -m experiments.sweep descendants --jobs $(JOBS)
 
 # README tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
 plots: install
-	$(PY) scripts/results_table.py --readme README.md
-	$(PY) scripts/plot_curves.py table1 table2 table3 length beyond
-	$(PY) scripts/length_positions.py
+	$(PY) -m experiments.results_table --readme README.md
+	$(PY) -m experiments.plot_curves table1 table2 table3 length beyond
+	$(PY) -m experiments.length_positions
 
 # The fused kernel compiled for sm_90 and sm_80 without a GPU: fails on register spills or shared memory over the limit.
 check-kernels: install
 	TRITON_INTERPRET= $(PY) -m nmt.kernels.resources --output results/kernels/resources.json
 
 bench: install
-	$(PY) scripts/bench_attention.py
-	$(PY) scripts/bench_data.py
-	$(PY) scripts/bench_decode.py
+	$(PY) -m benchmarks.attention
+	$(PY) -m benchmarks.data
+	$(PY) -m benchmarks.decode

@@ -2,7 +2,7 @@
 
 PyTorch's CPU builds multiply float32 matrices with Intel MKL, which takes a slow path on other vendors' CPUs: on
 an AMD EPYC, oneDNN (also inside PyTorch) runs a decoder's linear layers and its output projection 2.0-2.3x faster
-(scripts/bench_deploy.py measures it whole). CTranslate2 makes the same choice: MKL on Intel, oneDNN elsewhere. The
+(benchmarks/deploy.py measures it whole). CTranslate2 makes the same choice: MKL on Intel, oneDNN elsewhere. The
 two libraries round differently (results within ~1e-4), so this is for inference (translation, export checks), not
 for training: a run's arithmetic does not depend on the machine it resumes on.
 """

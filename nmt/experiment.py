@@ -2,7 +2,7 @@
 
     python -m nmt.experiment --output DIR [--split test|valid] [--lines N] [--result FILE] [overrides ...]
 
-The demo (scripts/demo.py) and the table sweeps (scripts/sweep.py) are this function with different
+The demo (scripts/demo.py) and the table sweeps (experiments/sweep.py) are this function with different
 overrides. The training budget is train.max_steps (updates), never minutes, so a slower machine gives the
 same model later. The hypotheses are written next to the result so anyone can re-score them with sacrebleu.
 """

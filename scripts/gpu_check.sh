@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every open GPU question in one call, within 8 minutes on one H200 (stages, limits and their basis:
-# scripts/gpu_check.py). At most four files come back: OUT/summary.md (read it first), answers.json, log.txt,
+# benchmarks/gpu_check.py). At most four files come back: OUT/summary.md (read it first), answers.json, log.txt,
 # archive.tar.gz.
 #
 #   scripts/gpu_check.sh [--dry-run] [OUT]        OUT: default results/gpu (on the device machine: "$OUT")
@@ -24,4 +24,4 @@ else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONUNBUFFERED=1
-exec "$py" scripts/gpu_check.py "${dry[@]}" --output "$out"
+exec "$py" -m benchmarks.gpu_check "${dry[@]}" --output "$out"

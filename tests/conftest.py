@@ -37,18 +37,6 @@ def data_overrides(data: DataConfig, **overrides) -> list[str]:
     return ["data=local", *[f"data.{k}={overrides.get(k, getattr(data, k))}" for k in fields]]
 
 
-def load_script(name: str):
-    """A script under scripts/ as a module (scripts are not a package)."""
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 def wait_for(predicate, seconds=120):
     """Poll until predicate() holds (a run reaching an update, a file appearing); TimeoutError after `seconds`."""
     import time

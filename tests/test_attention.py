@@ -228,7 +228,7 @@ def test_dropout_forward_and_backward_match_autograd_reference():
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_self_attention_weights_are_the_literal_alphas(shared):
-    """MultiHeadAttention.self_attention_weights (for analysis, scripts/plot_attention_distance.py) gives Eq. 4's
+    """MultiHeadAttention.self_attention_weights (for analysis, experiments/plot_attention_distance.py) gives Eq. 4's
     alpha_ij: the literal equations' output when each key's value is its one-hot position."""
     torch.manual_seed(0)
     layer = MultiHeadAttention(d_model=15, heads=3, clip=2, share_heads=shared).double().eval()

@@ -1,5 +1,6 @@
 """The experiment pipeline (nmt.experiment), the sweep runner and the results tables."""
 
+import argparse
 import gzip
 import json
 import os
@@ -10,10 +11,8 @@ import pytest
 
 from nmt.experiment import run_identity, same_config, train_and_score
 from nmt.score import score
-from tests.conftest import MULTI30K, ROOT, data_overrides, load_script, model_overrides
-
-results_table = load_script("results_table")
-sweep = load_script("sweep")
+from experiments import results_table, sweep
+from tests.conftest import MULTI30K, ROOT, data_overrides, model_overrides
 
 
 def local_overrides(prepared):
@@ -43,14 +42,18 @@ def test_sweep_skips_finished_runs_and_reuses_identical_ones(tmp_path):
     done.mkdir(parents=True)
     (done / "result.json").write_text(json.dumps({"identity": run_identity(overrides), "bleu": 30.0, "seed": 1}))
     (done / "test.hyp.de").write_text("x\n")
-    command = [sys.executable, "scripts/sweep.py", "--results", str(results), "--dry-run", "--seeds=1"]
+    command = [sys.executable, "-m", "experiments.sweep", "--results", str(results), "--dry-run", "--seeds=1"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([*command, "table2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "table2/k16/seed1: the same run as" in out.stdout  # k=16 is Table 1's relative En-De run
     assert "table2/k0/seed1: would run" in out.stdout and "model.clip=0" in out.stdout
+    assert not (results / "table2").exists()  # a dry run writes nothing
+    args = argparse.Namespace(results=results, dry_run=False, device="cpu")
+    assert "copied" in sweep.one_run("table2", "k16", "en-de", ["model.clip=16"], 1, args)
     copied = json.loads((results / "table2" / "k16" / "seed1" / "result.json").read_text())
     assert copied["bleu"] == 30.0 and copied["same_run_as"].endswith("table1/en-de.relative/seed1")
+    assert (results / "table2" / "k16" / "seed1" / "test.hyp.de").read_text() == "x\n"
     again = subprocess.run([*command, "table1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "table1/en-de.relative/seed1: done already" in again.stdout
     assert "table1/en-de.absolute/seed1: would run" in again.stdout

@@ -10,9 +10,8 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, load_script
-
-gpu_check = load_script("gpu_check")
+from benchmarks import gpu_check
+from tests.conftest import ROOT
 
 
 def test_the_stage_limits_fit_eight_minutes():

@@ -55,29 +55,29 @@ RULES = [
     (r"^python -m nmt.prepare \.\.\. force=true$", "replace: python -m nmt.prepare data=multi30k_en_de force=true"),
     (r"^python -m nmt.kernels.resources$", ' --arch 90 --only "bfloat16 D=64 R=15 decode" --jobs 2'),
     (r"^python -m pytest ", "skip: part of the suite this test belongs to"),
-    (r"^TRITON_INTERPRET=1 python scripts/bench_attention.py --memory-only",
+    (r"^TRITON_INTERPRET=1 python -m benchmarks.attention --memory-only",
      "skip: about 5 minutes in Triton's interpreter (tests/test_kernels.py checks the kernel it measures)"),
-    (r"^python scripts/bench_attention.py", " --repeats 1 --model-repeats 1"),
-    (r"^python scripts/bench_train.py", " --steps 1 --rounds 1 --presets tiny --max-tokens 1024"),
-    (r"^python scripts/bench_decode.py", " --sentences 20 --repeats 1"),
-    (r"^python scripts/bench_data.py$", " --pairs 20000"),
-    (r"^python scripts/checkpoint_disk.py$", " --presets base --vocab-size 1000"),
-    (r"^python scripts/sweep.py ", " --dry-run"),
-    (r"^python scripts/reach.py --report", ""),
-    (r"^python scripts/extrapolate.py --report", ""),
-    (r"^python scripts/extrapolate.py",
+    (r"^python -m benchmarks.attention", " --repeats 1 --model-repeats 1"),
+    (r"^python -m benchmarks.train", " --steps 1 --rounds 1 --presets tiny --max-tokens 1024"),
+    (r"^python -m benchmarks\.decode( |$)", " --sentences 20 --repeats 1"),
+    (r"^python -m benchmarks.data$", " --pairs 20000"),
+    (r"^python -m benchmarks.checkpoint_disk$", " --presets base --vocab-size 1000"),
+    (r"^python -m experiments.sweep ", " --dry-run"),
+    (r"^python -m experiments.reach --report", ""),
+    (r"^python -m experiments.extrapolate --report", ""),
+    (r"^python -m experiments.extrapolate",
      " --modes relative:2 none --seeds 1 --layers 1 --updates 5 --jobs 1 --output outputs/extrapolate_test"),
-    (r"^python scripts/edge_values.py --report", ""),
-    (r"^python scripts/edge_values.py", " --seeds 1 --updates 5 --jobs 1 --output outputs/edge_values_test"),
-    (r"^python scripts/length_positions.py --rows", "skip: reads make length-study's checkpoints (hours on a CPU)"),
-    (r"^python scripts/reach.py", " --layers 1 --clips 3 --seeds 9 --updates 5 --jobs 1"),
-    (r"^python scripts/bench_decode_cost.py", " --sentences 16 --steps 5 --repeats 1"),
-    (r"^python scripts/bench_positions.py", " --repeats 1 --model-repeats 1 --sizes 32 64"),
-    (r"^python scripts/bench_deploy.py",
+    (r"^python -m experiments.edge_values --report", ""),
+    (r"^python -m experiments.edge_values", " --seeds 1 --updates 5 --jobs 1 --output outputs/edge_values_test"),
+    (r"^python -m experiments.length_positions --rows", "skip: reads make length-study's checkpoints (hours on a CPU)"),
+    (r"^python -m experiments.reach", " --layers 1 --clips 3 --seeds 9 --updates 5 --jobs 1"),
+    (r"^python -m benchmarks.decode_cost", " --sentences 16 --steps 5 --repeats 1"),
+    (r"^python -m benchmarks.positions", " --repeats 1 --model-repeats 1 --sizes 32 64"),
+    (r"^python -m benchmarks.deploy",
      " --sentences 20 --repeats 1 --threads 1 --output outputs/bench_deploy_test --exports outputs/bench_deploy_test"),
     (r"^python scripts/demo.py", " --updates 4 --lines 10"),
     (r"^make (table1|table2|table3|beyond|descendants|length-study)", f"skip: {HOURS}"),
-    (r"^python scripts/plot_attention_distance.py outputs/sweep/", "skip: needs make table2's checkpoints (hours)"),
+    (r"^python -m experiments.plot_attention_distance outputs/sweep/", "skip: needs make table2's checkpoints (hours)"),
     (r"^tensorboard --logdir", "skip: a server that runs until stopped"),
     (r"^scripts/slurm_train.sh$", "skip: submits to SLURM"),
     (r"^scripts/gpu_check.sh( \[OUT\])?$", "skip: needs a GPU (tests/test_gpu_check.py runs its --dry-run)"),
@@ -131,11 +131,11 @@ def plan(command: str) -> tuple[str, str]:
 def test_every_readme_command_has_a_plan_and_the_known_ones_are_found():
     commands = readme_commands((ROOT / "README.md").read_text())
     for wanted in ("make demo", "python -m nmt.train -m model.clip=0,1,2,4,16,64,256",
-                   "python -m nmt.train model.rel_value=false", "python scripts/param_count.py",
+                   "python -m nmt.train model.rel_value=false", "python -m experiments.param_count",
                    "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de", "make demo UPDATES=400"):
         assert wanted in commands
     assert plan("make demo UPDATES=400") == ("run", "make demo UPDATES=400 UPDATES=4 LINES=10")
-    assert plan("make train-base")[0] == "skip" and plan("python scripts/param_count.py")[0] == "run"
+    assert plan("make train-base")[0] == "skip" and plan("python -m experiments.param_count")[0] == "run"
 
 
 def checkout_copy(tmp_path: Path) -> Path:

@@ -27,6 +27,7 @@ from torch import Tensor
 from nmt.config import Attention, ConfigError, ModelConfig, Position
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block, fits_grid, head_block
 from nmt.kernels.window import EdgeWindow
+from nmt.timing import time_interleaved
 
 # What auto sends to the kernel, from the compiles for sm_90 and sm_80 (python -m nmt.kernels.resources): half
 # precision with heads of 33 to 128 (every preset has 64). fp32 goes to the PyTorch path (its IEEE tl.dot
@@ -246,10 +247,9 @@ def self_test(case: Case, device: torch.device) -> str | None:
 def slower_than_torch(case: Case, device: torch.device, repeats: int = 5, shape=(48, 8, 64)) -> str | None:
     """After a passed self-test: forward + backward of the kernel and of the PyTorch path on a typical shape of the
     case (a 25k-token batch of 64-token rows, 8 heads; one query per row over a 64-token prefix for the decoding
-    tiles), medians of `repeats` after two warm-ups. None if the kernel is at least as fast, else both times: auto
-    keeps the faster path per case, as cuDNN's benchmark mode does, so it is never slower than attention=torch."""
-    import time
-
+    tiles), interleaved medians of `repeats` after two warm-ups (nmt.timing). None if the kernel is at least as fast,
+    else both times: auto keeps the faster path per case, as cuDNN's benchmark mode does, so it is never slower than
+    attention=torch."""
     from nmt.kernels import relative_attention as kernel
     from nmt.kernels import torch_attention
 
@@ -264,22 +264,14 @@ def slower_than_torch(case: Case, device: torch.device, repeats: int = 5, shape=
     pad = torch.zeros(b, nk, dtype=torch.bool, device=device) if case.padding else None
     tables = (rel_k if case.key_table else None, rel_v if case.value_table else None)
     window = EdgeWindow(clip, 0, 2 * clip)  # the whole table: the case's own register block, as in self_test
-    seconds = {}
-    for mode, implementation in (("triton", kernel.relative_attention), ("torch", torch_attention.relative_attention)):
-        times = []
-        for i in range(repeats + 2):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            with torch.enable_grad(), torch.autocast(device.type, enabled=False):
-                out = implementation(q, k, v, *tables, window, pad, case.causal, nk - nq,
-                                     0.1 if case.dropout else 0.0)
-                out.sum().backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if i >= 2:
-                times.append(time.perf_counter() - start)
-        seconds[mode] = sorted(times)[len(times) // 2]
+
+    def forward_backward(implementation) -> None:
+        with torch.enable_grad(), torch.autocast(device.type, enabled=False):
+            out = implementation(q, k, v, *tables, window, pad, case.causal, nk - nq, 0.1 if case.dropout else 0.0)
+            out.sum().backward()
+
+    seconds = time_interleaved({"triton": lambda: forward_backward(kernel.relative_attention),
+                                "torch": lambda: forward_backward(torch_attention.relative_attention)}, repeats, device)
     if seconds["triton"] <= seconds["torch"]:
         return None
     return (f"slower than the PyTorch path ({seconds['triton'] * 1e3:.2f} ms against {seconds['torch'] * 1e3:.2f} ms "

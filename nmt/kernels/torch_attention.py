@@ -5,7 +5,7 @@ The paper's formulation materializes a^K and a^V as (N, N, D) tensors. We never 
 the window's edge vectors, (Nq, R), gathered into the score matrix; the value term sums attention probabilities
 into R distance buckets and multiplies the (Nq, R) bucket masses by the table. Both are O(Nq * Nk + Nq * R * D).
 When a^V is off, the key term is an additive bias for `F.scaled_dot_product_attention` (measured faster on CPU,
-scripts/bench_attention.py).
+benchmarks/attention.py).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def reference_attention(q, k, v, rel_k, rel_v, window: EdgeWindow, key_padding_m
 def attention_weights(q: Tensor, k: Tensor, rel_k: Tensor | None, window: EdgeWindow,
                       key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0) -> Tensor:
     """alpha_ij, Eq. 4's scores through the softmax, (B, H, Nq, Nk): for looking at where attention goes
-    (scripts/plot_attention_distance.py). rel_k: the whole (2k+1)-row table, or None."""
+    (experiments/plot_attention_distance.py). rel_k: the whole (2k+1)-row table, or None."""
     mask, empty_rows = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
     buckets = window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
     rel_k = None if rel_k is None else window.cut(rel_k).to(q.dtype)

@@ -5,7 +5,7 @@ reads), the whole training state (checkpoint_last.pt / checkpoint_prev.pt: weigh
 the folder at its fullest under the recipe's keep_last: keep_last numbered + last + prev + the next last while
 it is written.
 
-    python scripts/checkpoint_disk.py [--presets base big] [--vocab-size 32000] [--output results/checkpoint_disk.json]
+    python -m benchmarks.checkpoint_disk [--presets base big] [--vocab-size 32000] [--output results/checkpoint_disk.json]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
    The same layers forward only (inference mode), the cost at translation time.
 2. One `tiny` training step per mode, all eight (batch 32 x 48 tokens, label-smoothed loss, backward).
 
-    python scripts/bench_positions.py [--repeats 20] [--model-repeats 10] [--threads 2] [--device cpu]
+    python -m benchmarks.positions [--repeats 20] [--model-repeats 10] [--threads 2] [--device cpu]
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_attention import D_MODEL, HEADS, TOKENS, time_interleaved
+from benchmarks.attention import D_MODEL, HEADS, TOKENS
 
 from nmt.attention import MultiHeadAttention
 from nmt.config import ModelConfig, Position
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer, self_attention_positions, stack_positions
+from nmt.timing import time_interleaved
 
 SIZES = (32, 64, 128, 256, 512, 1024)
 LAYER_MODES = ("sdpa", "relative", "t5", "alibi", "rope")

@@ -1,6 +1,6 @@
 """Turn results/<table>/<row>/seed<k>/result.json into the README's tables (Markdown).
 
-    python scripts/results_table.py [--readme README.md] [--samples 1000] [--blocks descendants ...]
+    python -m experiments.results_table [--readme README.md] [--samples 1000] [--blocks descendants ...]
 
 Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and the paired bootstrap
 test of sacrebleu (`--paired-bs`; 1,000 resamples, seed 12345) of the row against its table's reference

@@ -1,4 +1,4 @@
-"""Parameter count of each model preset: python scripts/param_count.py"""
+"""Parameter count of each model preset: python -m experiments.param_count"""
 
 import torch
 

@@ -1,8 +1,8 @@
 """Does depth carry position beyond the clipping distance? A synthetic test of the paper's explanation of Table 2.
 
-    python scripts/reach.py [--layers 1 2 3 4 6] [--clips 1 2 4 8] [--seeds 1 2] [--updates 1500] [--jobs 2]
+    python -m experiments.reach [--layers 1 2 3 4 6] [--clips 1 2 4 8] [--seeds 1 2] [--updates 1500] [--jobs 2]
                             [--output results/reach]
-    python scripts/reach.py --report [--output results/reach]     # the heatmap, the table and the law, from the runs
+    python -m experiments.reach --report [--output results/reach]     # the heatmap, the table and the law, from the runs
 
 The task: copy at distance d. A sequence is N random symbols x_1..x_N, each token carrying the sequence's distance
 d as well (token = (x_j, d)); the answer at position j > d is x_{j-d} (positions j <= d have no answer). d is drawn
@@ -26,11 +26,12 @@ import argparse
 import json
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from experiments.grid import Cell, read_records, run_grid, write_record
 
 SYMBOLS, MAX_DISTANCE, LENGTH = 16, 24, 40  # random symbols, distances 1..24, symbols per sequence
 FIRST_TOKEN = 4  # ids 0-3 are PAD, UNK, BOS, EOS (nmt.data.vocab)
@@ -112,8 +113,7 @@ def copy_loss(generator: torch.Generator, length: int = LENGTH):
     return loss
 
 
-def train_one(layers: int, clip: int, seed: int, updates: int, output: str) -> dict:
-    torch.set_num_threads(1)
+def train_one(layers: int, clip: int, seed: int, updates: int, output: Path) -> str:
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     model = Tagger(layers, clip)
@@ -124,17 +124,19 @@ def train_one(layers: int, clip: int, seed: int, updates: int, output: str) -> d
               "accuracy_by_distance": accuracies, "d_eff": reach(accuracies),
               "d_max_95": max([d for d, a in enumerate(accuracies, 1) if a >= THRESHOLD], default=0),
               "minutes": round((time.monotonic() - start) / 60, 2),
-              "command": f"python scripts/reach.py --layers {layers} --clips {clip} --seeds {seed} --updates {updates}"}
-    path = Path(output) / f"L{layers}_k{clip}_seed{seed}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"L={layers} k={clip} seed {seed}: d_eff {result['d_eff']}, loss {result['final_loss']:.3f}, "
-          f"{result['minutes']:.1f} min", flush=True)
-    return result
+              "command": f"python -m experiments.reach --layers {layers} --clips {clip} --seeds {seed} --updates {updates}"}
+    write_record(record_path(output, layers, clip, seed), result)
+    return (f"L={layers} k={clip} seed {seed}: d_eff {result['d_eff']}, loss {result['final_loss']:.3f}, "
+            f"{result['minutes']:.1f} min")
+
+
+def record_path(output: Path, layers: int, clip: int, seed: int) -> Path:
+    return output / f"L{layers}_k{clip}_seed{seed}.json"
 
 
 def report(output: Path) -> str:
     """The heatmap (mean accuracy over seeds by L, k and d), the d_eff table and the fit of the three laws."""
-    runs = [json.loads(p.read_text()) for p in sorted(output.glob("L*_k*_seed*.json"))]
+    runs = read_records(output, "L*_k*_seed*.json")
     groups: dict = {}
     for run in runs:
         groups.setdefault((run["layers"], run["clip"]), []).append(run)
@@ -198,11 +200,10 @@ def main() -> None:
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        todo = [(n, k, s) for s in args.seeds for k in args.clips for n in args.layers
-                if not (args.output / f"L{n}_k{k}_seed{s}.json").exists()]  # a stopped sweep resumes
-        todo.sort(key=lambda t: -t[0])  # the deepest (slowest) first, so the pool ends together
-        with ProcessPoolExecutor(args.jobs) as pool:
-            list(pool.map(train_one, *zip(*[(n, k, s, args.updates, str(args.output)) for n, k, s in todo])))
+        cells = [Cell(record_path(args.output, n, k, s), (n, k, s, args.updates, args.output))
+                 for s in args.seeds for k in args.clips for n in args.layers]
+        cells.sort(key=lambda cell: -cell.args[0])  # the deepest (slowest) first, so the pool ends together
+        run_grid(train_one, cells, args.jobs)
     print(report(args.output))
 
 

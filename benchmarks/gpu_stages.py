@@ -1,6 +1,6 @@
-"""The GPU check's stages (scripts/gpu_check.py runs each in its own process, under its own limit):
+"""The GPU check's stages (benchmarks/gpu_check.py runs each in its own process, under its own limit):
 
-    python scripts/gpu_stages.py STAGE --work DIR [--dry-run]
+    python -m benchmarks.gpu_stages STAGE --work DIR [--dry-run]
 
 Each stage writes DIR/STAGE.json again after every answer, so a stage killed at its limit keeps what it had; one
 question that raises is recorded with its error and the stage goes on. --dry-run: the same code on the CPU at tiny
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpu_check import ROOT, write_json  # noqa: E402  (run as a script: scripts/ is on sys.path)
+from benchmarks.gpu_check import ROOT, write_json
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense, from the vendors' data sheets
 MICRO_MODEL = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
@@ -75,14 +75,6 @@ def device_of(dry: bool):
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device visible (a GPU check needs one; --dry-run runs on the CPU)")
     return torch.device("cuda")
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def python(*args: str, timeout: float | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -317,13 +309,16 @@ def trainer(a: Answers, dry: bool, work: Path) -> None:
 def layer(a: Answers, dry: bool, work: Path) -> None:
     import torch
 
-    bench = load_script("bench_attention")
+    from benchmarks import attention as bench
+    from benchmarks import positions as modes
+    from nmt.timing import time_interleaved
+
     device = device_of(dry)
     dtype = torch.float32 if dry else torch.bfloat16
     ratios = []
     for n in (48, 96, 192):
         def measure(n=n):
-            times = bench.time_interleaved(bench.layer_steps(n, device, dtype, None), 1 if dry else 30, device)
+            times = time_interleaved(bench.layer_steps(n, device, dtype, None), 1 if dry else 30, device)
             row = {f"{name}_ms": round(t * 1e3, 3) for name, t in times.items()}
             row["ours_over_sdpa"] = times["ours_relative"] / times["sdpa"]
             if "ours_torch" in times:
@@ -336,10 +331,9 @@ def layer(a: Answers, dry: bool, work: Path) -> None:
             ratios.append(f"n={n} {row['ours_over_sdpa']:.2f}x SDPA"
                           + (f" (PyTorch path {row['torch_path_over_sdpa']:.2f}x)" if "torch_path_over_sdpa" in row
                              else ""))
-    modes = load_script("bench_positions")
     for n in (128, 512):  # every position mode's layer against SDPA (its positions built as a stack does)
         def measure_modes(n=n):
-            times = bench.time_interleaved(modes.layer_steps(n, device, dtype), 1 if dry else 20, device)
+            times = time_interleaved(modes.layer_steps(n, device, dtype), 1 if dry else 20, device)
             return {mode: times[mode] / times["sdpa"] for mode in times if mode != "sdpa"}
 
         row = a.attempt(f"modes n={n}", measure_modes)
@@ -380,7 +374,7 @@ def step(a: Answers, dry: bool, work: Path) -> None:
 
     import torch
 
-    bench = load_script("bench_train")
+    from benchmarks import train as bench
     device = device_of(dry)
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name()), None) \
         if not dry else None
@@ -426,7 +420,7 @@ def step(a: Answers, dry: bool, work: Path) -> None:
 def decode(a: Answers, dry: bool, work: Path) -> None:
     import torch
 
-    bench = load_script("bench_decode")
+    from benchmarks import decode as bench
     device = device_of(dry)
     checkpoints = sorted((work / "trainer_base").glob("checkpoint_[0-9]*.pt"))
     model, vocab, source = bench.load_model(str(checkpoints[-1]) if checkpoints else None, device,

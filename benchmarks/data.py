@@ -1,8 +1,8 @@
 """Data pipeline cost: prepare time, encode throughput, a WMT14-sized projection with peak memory,
 the batcher's padding efficiency, and collation time per batch.
 
-    python scripts/bench_data.py [--pairs 1015000] [--output results/bench_data.json]
-    python scripts/bench_data.py --collation-only     # just the collation figures (median ms per batch)
+    python -m benchmarks.data [--pairs 1015000] [--output results/bench_data.json]
+    python -m benchmarks.data --collation-only     # just the collation figures (median ms per batch)
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Length extrapolation past anything in Multi30k: every position mode on scripts/reach.py's copy-at-distance task,
+"""Length extrapolation past anything in Multi30k: every position mode on experiments/reach.py's copy-at-distance task,
 trained on sequences of 40 symbols and evaluated on 40, 80, 160 and 320.
 
-    python scripts/extrapolate.py [--modes relative:2 relative:8 relative:16 t5 alibi rope absolute none]
+    python -m experiments.extrapolate [--modes relative:2 relative:8 relative:16 t5 alibi rope absolute none]
                                   [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output results/extrapolate]
-    python scripts/extrapolate.py --report [--output results/extrapolate]   # the table and the plot from the runs
+    python -m experiments.extrapolate --report [--output results/extrapolate]   # the table and the plot from the runs
 
 Why this task: the answer at position j is the symbol d places to its left (d = 1..24, carried by every token, as
 in reach.py), at every length. A longer sequence asks nothing new, only more of the same at positions and lengths
@@ -22,15 +22,14 @@ fresh sequences per d and length), and by d.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 
-from reach import LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit  # scripts/ is sys.path[0]
+from experiments.grid import Cell, read_records, run_grid, write_record
+from experiments.reach import LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
 
 MODES = ["relative:2", "relative:8", "relative:16", "t5", "alibi", "rope", "absolute", "none"]
 EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
@@ -54,8 +53,7 @@ def accuracy(model: Tagger, length: int, seed: int) -> list[float]:
     return found
 
 
-def run_one(mode: str, seed: int, layers: int, updates: int, output: str) -> dict:
-    torch.set_num_threads(1)
+def run_one(mode: str, seed: int, layers: int, updates: int, output: Path) -> str:
     torch.manual_seed(seed)
     model = model_for(mode, layers)
     start = time.monotonic()
@@ -65,19 +63,21 @@ def run_one(mode: str, seed: int, layers: int, updates: int, output: str) -> dic
     result = {"mode": mode, "seed": seed, "layers": layers, "updates": updates, "train_length": LENGTH,
               "final_loss": final_loss, "accuracy": {n: statistics.mean(a) for n, a in by_length.items()},
               "accuracy_by_distance": by_length, "minutes": round((time.monotonic() - start) / 60, 2),
-              "command": f"python scripts/extrapolate.py --modes {mode} --seeds {seed} --layers {layers} "
+              "command": f"python -m experiments.extrapolate --modes {mode} --seeds {seed} --layers {layers} "
                          f"--updates {updates}"}
-    (Path(output) / f"{mode.replace(':', '')}_seed{seed}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{mode} seed {seed}: " + ", ".join(f"{n}: {a:.3f}" for n, a in result["accuracy"].items())
-          + f" ({result['minutes']:.1f} min)", flush=True)
-    return result
+    write_record(record_path(output, mode, seed), result)
+    return (f"{mode} seed {seed}: " + ", ".join(f"{n}: {a:.3f}" for n, a in result["accuracy"].items())
+            + f" ({result['minutes']:.1f} min)")
+
+
+def record_path(output: Path, mode: str, seed: int) -> Path:
+    return output / f"{mode.replace(':', '')}_seed{seed}.json"
 
 
 def report(output: Path) -> str:
     """Mean accuracy by evaluation length per mode (seeds' values), and the far distances' accuracy."""
     runs: dict[str, list[dict]] = {}
-    for path in sorted(output.glob("*_seed*.json")):
-        run = json.loads(path.read_text())
+    for run in read_records(output, "*_seed*.json"):
         runs.setdefault(run["mode"], []).append(run)
     modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES))
     lengths = [str(n) for n in EVAL_LENGTHS]
@@ -132,11 +132,8 @@ def main() -> None:
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        todo = [(m, s) for s in args.seeds for m in args.modes
-                if not (args.output / f"{m.replace(':', '')}_seed{s}.json").exists()]  # a stopped study resumes
-        with ProcessPoolExecutor(args.jobs) as pool:
-            list(pool.map(run_one, *zip(*[(m, s, args.layers, args.updates, str(args.output)) for m, s in todo],
-                                        strict=True)) if todo else [])
+        run_grid(run_one, [Cell(record_path(args.output, m, s), (m, s, args.layers, args.updates, args.output))
+                           for s in args.seeds for m in args.modes], args.jobs)
     print(report(args.output))
 
 

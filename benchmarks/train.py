@@ -1,6 +1,6 @@
 """Training throughput: tokens/s and peak memory per preset, relative vs absolute positions.
 
-    python scripts/bench_train.py [--steps 30] [--device cpu|cuda] [--precision fp32|bf16] [--compile]
+    python -m benchmarks.train [--steps 30] [--device cpu|cuda] [--precision fp32|bf16] [--compile]
         [--presets tiny base big] [--max-tokens 4096] [--peak-tflops 989]
 
 Each (preset, position) trains in its own process (so peak RSS / CUDA peak memory is its own) on
@@ -141,7 +141,7 @@ def main() -> None:
         runs = {"relative": [], "absolute": []}
         for _ in range(args.rounds):
             for position in runs:
-                done = subprocess.run([sys.executable, __file__, "--worker", preset, position, "--steps",
+                done = subprocess.run([sys.executable, "-m", "benchmarks.train", "--worker", preset, position, "--steps",
                                        str(args.steps), "--device", args.device, "--precision", args.precision,
                                        "--max-tokens", str(args.max_tokens), *(["--compile"] if args.compile else [])],
                                       cwd=ROOT, capture_output=True, text=True)

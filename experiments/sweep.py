@@ -1,6 +1,7 @@
 """Run the small-scale tables (the paper's Tables 1-3 and the length study) on the bundled Multi30k.
 
-    python scripts/sweep.py table1|table2|table3|beyond|descendants|length [--jobs N] [--seeds 1 2 3] [--rows ROW ...] [--dry-run]
+    python -m experiments.sweep table1|table2|table3|beyond|descendants|length [--jobs N] [--seeds 1 2 3]
+                                [--rows ROW ...] [--dry-run]
 
 Every run of a table has the same recipe (configs/experiment/table1.yaml, or length.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
@@ -20,9 +21,9 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from experiments.grid import Cell, run_grid, write_record
 from nmt.data.pipeline import prepare
 from nmt.experiment import compose_job, find_same_run, run_identity
 from nmt.runtime import experiment_cpu_precision
@@ -86,30 +87,32 @@ def run_overrides(table: str, pair: str, row_overrides: list[str], seed: int, de
 
 
 def keep_results(run_dir: Path, target: Path) -> None:
-    """The small files of a finished run, under results/ (checkpoints stay in outputs/)."""
+    """The small files of a finished run, under results/ (checkpoints stay in outputs/); result.json last, as it
+    marks the run done."""
     target.mkdir(parents=True, exist_ok=True)
-    for path in run_dir.iterdir():
+    for path in sorted(run_dir.iterdir(), key=lambda path: path.name == "result.json"):
+        if path.name == "result.json":
+            shutil.copytree(run_dir / "tensorboard", target / "tensorboard", dirs_exist_ok=True)
         if path.name in KEPT or path.name.startswith("test.hyp."):
             shutil.copy2(path, target / path.name)
-    shutil.copytree(run_dir / "tensorboard", target / "tensorboard", dirs_exist_ok=True)
 
 
 def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int, args) -> str:
+    """One run of the table (or a copy of the same run from another table); with args.dry_run what it would do,
+    writing nothing."""
     target = args.results / table / row / f"seed{seed}"
     name = f"{table}/{row}/seed{seed}"
-    if (target / "result.json").is_file():
-        return f"{name}: done already"
     overrides = run_overrides(table, pair, row_overrides, seed, args.device)
     key = run_identity(overrides)
     same = find_same_run(key, args.results, target)
-    if same is not None:
-        shutil.copytree(same, target, dirs_exist_ok=True)
-        result = json.loads((target / "result.json").read_text())
-        result.update(table=table, row=row, same_run_as=str(same.relative_to(args.results.parent)))
-        (target / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-        return f"{name}: the same run as {same}, copied"
     if args.dry_run:
-        return f"{name}: would run {' '.join(overrides)}"
+        return f"{name}: " + (f"the same run as {same}, would copy" if same else f"would run {' '.join(overrides)}")
+    if same is not None:
+        result = json.loads((same / "result.json").read_text())
+        result.update(table=table, row=row, same_run_as=str(same.relative_to(args.results.parent)))
+        shutil.copytree(same, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("result.json"))
+        write_record(target / "result.json", result, indent=2)  # last: the record says the copy is whole
+        return f"{name}: the same run as {same}, copied"
     run_dir = args.outputs / table / row / f"seed{seed}"
     threads = [f"train.threads={args.threads}"] if args.device == "cpu" else []
     command = [sys.executable, "-m", "nmt.experiment", "--output", str(run_dir), *overrides, *threads,
@@ -124,7 +127,7 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     result = json.loads((run_dir / "result.json").read_text())
     shown = [os.path.relpath(a, ROOT) if a == str(run_dir) else a for a in command[3:]]
     result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *shown]))
-    (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_record(run_dir / "result.json", result, indent=2)
     keep_results(run_dir, target)
     return f"{name}: BLEU {result['bleu']:.2f} in {(time.monotonic() - start) / 60:.1f} min"
 
@@ -158,12 +161,15 @@ def main() -> int:
         for pair in sorted({pair for _, pair, _, _ in runs}):
             job, _ = compose_job([*run_overrides(args.table, pair, [], 1, args.device), "train.output_dir=-"])
             prepare(job.data)
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for done in as_completed([pool.submit(one_run, args.table, *r, args) for r in runs]):
-            try:
-                print(done.result(), flush=True)
-            except Exception as err:  # one broken run must not stop the others
-                print(f"a run failed before it started: {err!r}", flush=True)
+    cells = [Cell(args.results / args.table / row / f"seed{seed}" / "result.json", (args.table, row, *r, seed, args))
+             for row, *r, seed in runs]
+    if args.dry_run:
+        for cell in cells:
+            table, row, *_, seed, _ = cell.args
+            print(f"{table}/{row}/seed{seed}: done already" if cell.record.is_file() else one_run(*cell.args))
+        return 0
+    done = len(cells) - len(run_grid(one_run, cells, args.jobs))
+    print(f"{done} of {len(cells)} runs were done already")
     return 0
 
 

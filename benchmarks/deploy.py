@@ -1,6 +1,6 @@
 """relnmt against CTranslate2 on the same model: the same translations, the BLEU of each, and the speed.
 
-    python scripts/bench_deploy.py CHECKPOINT [--sentences 1000] [--repeats 3] [--threads 1 2]
+    python -m benchmarks.deploy CHECKPOINT [--sentences 1000] [--repeats 3] [--threads 1 2]
         [--output results/deploy] [--exports outputs/bench_deploy]
 
 CHECKPOINT must be exportable (e.g. the demo trained with model.share_heads=true). It is exported to float32 and
@@ -39,6 +39,7 @@ from nmt.cpu_linear import onednn_preferred
 from nmt.decode import encode_lines, load_translator, translate_ids
 from nmt.export import export
 from nmt.runtime import machine
+from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST = ROOT / "data" / "multi30k" / "test_2016_flickr"
@@ -103,14 +104,14 @@ def gemm_library(checkpoint: str, sources: list[str], repeats: int) -> dict:
     report = {"onednn_preferred_here": onednn_preferred(), "machine": machine(cpu)}
     try:
         for name, search in (("greedy", SearchConfig(beam=1)), ("beam4", SearchConfig(beam=4, alpha=0.6))):
-            times: dict[str, list[float]] = {"blas": [], "onednn": []}
             outputs = {}
-            for _ in range(repeats):
-                for library, model in models.items():  # interleaved
-                    started = time.perf_counter()
-                    outputs[library] = translate_ids(model, ids, search, cpu)
-                    times[library].append(time.perf_counter() - started)
-            blas, onednn = (statistics.median(times[k]) for k in ("blas", "onednn"))
+
+            def run(library, search=search):
+                outputs[library] = translate_ids(models[library], ids, search, cpu)
+
+            times = time_interleaved({library: (lambda lib=library: run(lib)) for library in models}, repeats, cpu,
+                                     warmup=0)
+            blas, onednn = times["blas"], times["onednn"]
             report[name] = {"identical": sum(a == b for a, b in zip(outputs["blas"], outputs["onednn"])),
                             "of": len(ids), "blas_s": blas, "onednn_s": onednn, "speedup": blas / onednn}
     finally:
@@ -119,20 +120,17 @@ def gemm_library(checkpoint: str, sources: list[str], repeats: int) -> dict:
 
 
 def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int) -> dict:
-    times: dict[str, list[float]] = {}
-    for _ in range(repeats):
-        for n in threads:
-            for search, args in SEARCHES.items():
-                for name, path in engines.items():  # interleaved: each engine sees the same machine state
-                    env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(ROOT)}
-                    started = time.perf_counter()
-                    subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={path}", f"input={source}",
-                                    "device=cpu", *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-                    times.setdefault(f"{name} {search} {n}t", []).append(time.perf_counter() - started)
+    def translate(path: str, args: list[str], n: int) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={path}", f"input={source}", "device=cpu",
+                        *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    # interleaved: each engine sees the same machine state
+    times = time_interleaved({f"{name} {search} {n}t": (lambda path=path, args=args, n=n: translate(path, args, n))
+                              for n in threads for search, args in SEARCHES.items() for name, path in engines.items()},
+                             repeats, "cpu", warmup=0)
     lines = sum(1 for _ in open(source, encoding="utf-8"))
-    rows = {key: {"seconds": statistics.median(t), "sentences_per_s": lines / statistics.median(t)}
-            for key, t in times.items()}
+    rows = {key: {"seconds": t, "sentences_per_s": lines / t} for key, t in times.items()}
     for key, row in rows.items():
         name, rest = key.split(" ", 1)
         row["speed_over_relnmt"] = rows[f"relnmt {rest}"]["seconds"] / row["seconds"]
@@ -155,7 +153,7 @@ def main() -> None:
     source = args.output / "source.en"
     source.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
     report = {"checkpoint": args.checkpoint, "sentences": len(sources), "torch": torch.__version__,
-              "command": " ".join(["python", "scripts/bench_deploy.py", *sys.argv[1:]])}
+              "command": " ".join(["python", "benchmarks/deploy.py", *sys.argv[1:]])}
     report["agreement"] = agreement(args.checkpoint, exports, sources, refs, args.output)
     print(json.dumps(report["agreement"], indent=1, default=str)[:2000], flush=True)
     report["chunks"] = chunking(args.checkpoint, sources, args.repeats)

@@ -1,10 +1,10 @@
 """The GPU check's driver: every open GPU question in one call, within 8 minutes on one H200 (scripts/gpu_check.sh).
 
-    python scripts/gpu_check.py [--dry-run] [--output OUT] [--only STAGE ...]
+    python -m benchmarks.gpu_check [--dry-run] [--output OUT] [--only STAGE ...]
 
 Stages run in the order of what their answers are worth, each in its own process group under its own time limit
 (STAGES: the limit and what it was sized from). A stage records each answer the moment it exists
-(scripts/gpu_stages.py); a stage that raises or runs out of time is recorded with its error or its time, keeps the
+(benchmarks/gpu_stages.py); a stage that raises or runs out of time is recorded with its error or its time, keeps the
 answers it had, and the next stage runs. After every stage OUT is rewritten whole, so a kill at any point leaves
 every finished answer behind, in four files (the device tool brings back at most eight):
 
@@ -129,7 +129,7 @@ def targets(results: dict) -> list[str]:
 def summary(meta: dict, results: dict) -> str:
     lines = [f"# GPU check {'(dry run, CPU) ' if meta['dry_run'] else ''}{meta['started']}", "",
              f"`{meta['command']}`: stage limits {sum(s.limit_s for s in STAGES)} s in all "
-             f"(basis in scripts/gpu_check.py)", "",
+             f"(basis in benchmarks/gpu_check.py)", "",
              "| stage | status | seconds (limit) | answer |", "|---|---|---|---|"]
     for stage in STAGES:
         result = results.get(stage.name)
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
             answers_file = work / f"{stage.name}.json"
             answers_file.unlink(missing_ok=True)
             limit = stage.limit_s * (3 if args.dry_run else 1)  # 2 CPU cores in the interpreter
-            argv = [sys.executable, str(Path(__file__).with_name("gpu_stages.py")), stage.name, "--work", str(work),
+            argv = [sys.executable, "-m", "benchmarks.gpu_stages", stage.name, "--work", str(work),
                     *(["--dry-run"] if args.dry_run else [])]
             status, seconds, error = run_stage(argv, limit, log, env)
             answers = json.loads(answers_file.read_text()) if answers_file.is_file() else {}

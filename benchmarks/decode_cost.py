@@ -1,9 +1,9 @@
 """What relative attention costs at inference: decoding with relative against absolute positions, same sizes (and
 Shaw's descendants, `--positions relative absolute t5 alibi rope`).
 
-    python scripts/bench_decode_cost.py [--preset tiny] [--sentences 256] [--steps 60] [--repeats 5] [--threads 2]
+    python -m benchmarks.decode_cost [--preset tiny] [--sentences 256] [--steps 60] [--repeats 5] [--threads 2]
                                         [--positions relative absolute] [--device cpu] [--output results/decode_cost.json]
-    python scripts/bench_decode_cost.py --report results/descendants_decode_cost.json   # its table, in Markdown
+    python -m benchmarks.decode_cost --report results/descendants_decode_cost.json   # its table, in Markdown
 
 The paper reports training speed only. Here, for each position mode (relative and absolute by default), the same preset (random
 weights: a decoder step does the same work whatever the weights, and the output length is fixed here at --steps so
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from nmt.model import BOS, EOS, Transformer
+from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,27 +124,27 @@ def main() -> None:
         torch.manual_seed(0)
         cfg = preset_job(f"model={args.preset}", f"model.position={position}").model
         models[position] = Transformer(cfg, vocab_size, AttentionBackend("auto")).to(device).eval()
-    seconds = {(p, beam): [] for p in models for beam in (1, 4)}
+    def whole(model, beam):
+        for chunk in src.split(64):
+            decode_steps(model, chunk, args.steps, beam)
+
+    seconds = time_interleaved({(p, beam): (lambda m=m, beam=beam: whole(m, beam)) for p, m in models.items()
+                                for beam in (1, 4)}, args.repeats, device, warmup=1)
     per_step = {p: [[] for _ in range(args.steps)] for p in models}
-    for _ in range(args.repeats + 1):  # the first round warms up
+    for _ in range(args.repeats + 1):  # the milliseconds of each decoder step, the first round a warm-up
         for position, model in models.items():
-            for beam in (1, 4):
-                start = time.perf_counter()
-                for chunk in src.split(64):
-                    decode_steps(model, chunk, args.steps, beam)
-                seconds[(position, beam)].append(time.perf_counter() - start)
             times: list = []
             decode_steps(model, src[:64], args.steps, 1, times)
             for step, t in enumerate(times):
                 per_step[position][step].append(t)
     report = {"preset": args.preset, "sentences": args.sentences, "steps": args.steps, "device": args.device,
-              "threads": args.threads, "repeats": args.repeats, "command": "python scripts/bench_decode_cost.py "
+              "threads": args.threads, "repeats": args.repeats, "command": "python -m benchmarks.decode_cost "
               f"--preset {args.preset} --sentences {args.sentences} --steps {args.steps} --repeats {args.repeats}"
               + ("" if args.positions == ["relative", "absolute"] else " --positions " + " ".join(args.positions))}
     for position, model in models.items():
         report[position] = {
-            "greedy_sentences_per_s": args.sentences / statistics.median(seconds[(position, 1)][1:]),
-            "beam4_sentences_per_s": args.sentences / statistics.median(seconds[(position, 4)][1:]),
+            "greedy_sentences_per_s": args.sentences / seconds[(position, 1)],
+            "beam4_sentences_per_s": args.sentences / seconds[(position, 4)],
             "step_ms_by_target_length": [statistics.median(t[1:]) * 1e3 for t in per_step[position]],
             "cache_mib_batch64_beam1": cache_bytes(decode_steps(model, src[:64], args.steps, 1)) / 2**20,
             "parameters": sum(p.numel() for p in model.parameters()),

@@ -11,8 +11,8 @@
    absolute positions beside them.
 
     pip install --no-deps opennmt-py==3.5.1   # optional reference; skipped when missing
-    python scripts/bench_attention.py [--repeats 20] [--threads 2] [--device cpu] [--dtype float32]
-    TRITON_INTERPRET=1 python scripts/bench_attention.py --memory-only --output results/attention_memory.json
+    python -m benchmarks.attention [--repeats 20] [--threads 2] [--device cpu] [--dtype float32]
+    TRITON_INTERPRET=1 python -m benchmarks.attention --memory-only --output results/attention_memory.json
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from nmt.attention import MultiHeadAttention
 from nmt.config import Position
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer
+from nmt.timing import time_interleaved
 
 D_MODEL, HEADS, CLIP, TOKENS = 512, 8, 16, 1536
 
@@ -53,11 +52,6 @@ def load_opennmt_attention():
     return module.MultiHeadedAttention
 
 
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def saved_bytes(step) -> int:
     """Bytes of distinct storages autograd keeps for backward during step()."""
     seen = {}
@@ -70,21 +64,6 @@ def saved_bytes(step) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         step(backward=False)
     return sum(seen.values())
-
-
-def time_interleaved(steps: dict, repeats: int, device) -> dict:
-    for step in steps.values():  # warm-up
-        step()
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            sync(device)
-            start = time.perf_counter()
-            step()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def layer_steps(n: int, device, dtype, opennmt_cls, both_paths: bool = False):

@@ -1,6 +1,6 @@
 """Decoding speed: greedy and beam 4 on the bundled test set, and what the incremental cache buys.
 
-    python scripts/bench_decode.py [--checkpoint outputs/demo/averaged.pt] [--threads 2] [--device cpu]
+    python -m benchmarks.decode [--checkpoint outputs/demo/averaged.pt] [--threads 2] [--device cpu]
                                    [--precision auto|fp32|bf16|fp16] [--sentences N] [--repeats 5]
 
 Decoding runs as nmt.translate does (precision=auto: bf16 autocast on a GPU that has it, fp32 on a CPU;
@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -29,13 +27,9 @@ from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import BOS, EOS, Transformer
 from nmt.runtime import autocast, autocast_dtype
 from nmt.search import Uncached
+from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def step_loop(model, src, steps: int) -> None:
@@ -65,29 +59,25 @@ def measure(model, vocab, lines: list[str], device: torch.device, dtype, repeats
     """Sentences and target tokens per second, greedy and beam 4, and the cache's speed-up, under `dtype` autocast."""
     ids = encode_lines(vocab, lines, 500)
     report = {"sentences": len(lines), "precision": str(dtype or torch.float32)}
-    for name, beam in (("greedy", 1), ("beam4", 4)):
-        synchronize(device)
-        start = time.perf_counter()
+    outputs = {}
+
+    def search(beam: int):
         with autocast(device, dtype):
-            out = translate_ids(model, ids, SearchConfig(beam=beam), device)
-        synchronize(device)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(row) + 1 for row in out)
-        report[name] = {"seconds": round(seconds, 3), "sentences_per_s": round(len(lines) / seconds, 1),
-                        "target_tokens_per_s": round(tokens / seconds)}
-        print(f"{name:7s} {len(lines) / seconds:8.1f} sentences/s {tokens / seconds:9.0f} target tokens/s", flush=True)
+            outputs[beam] = translate_ids(model, ids, SearchConfig(beam=beam), device)
+
+    # once each, no warm-up: a whole test set is long enough to time alone, and its first batch is part of its cost
+    seconds = time_interleaved({"greedy": lambda: search(1), "beam4": lambda: search(4)}, 1, device, warmup=0)
+    for (name, s), beam in zip(seconds.items(), (1, 4)):
+        tokens = sum(len(row) + 1 for row in outputs[beam])
+        report[name] = {"seconds": round(s, 3), "sentences_per_s": round(len(lines) / s, 1),
+                        "target_tokens_per_s": round(tokens / s)}
+        print(f"{name:7s} {len(lines) / s:8.1f} sentences/s {tokens / s:9.0f} target tokens/s", flush=True)
 
     src = pad_rows([torch.tensor(row).numpy() for row in ids[:32]], suffix=EOS).to(device)
-    times = {"cached": [], "uncached": []}
     with torch.no_grad(), autocast(device, dtype):
-        for _ in range(repeats):
-            for name, decoder in (("cached", model), ("uncached", Uncached(model))):
-                synchronize(device)
-                start = time.perf_counter()
-                step_loop(decoder, src, 50)
-                synchronize(device)
-                times[name].append(time.perf_counter() - start)
-    cached, uncached = (statistics.median(times[k]) for k in ("cached", "uncached"))
+        times = time_interleaved({"cached": lambda: step_loop(model, src, 50),
+                                  "uncached": lambda: step_loop(Uncached(model), src, 50)}, repeats, device, warmup=0)
+    cached, uncached = times["cached"], times["uncached"]
     report["cache_50_steps"] = {"cached_s": round(cached, 4), "uncached_s": round(uncached, 4),
                                 "speedup": round(uncached / cached, 2)}
     print(f"50 steps x {src.shape[0]} sentences: cached {cached:.3f} s, uncached {uncached:.3f} s, "

@@ -2,9 +2,9 @@
 matter "for tasks where information about the edge types selected by a given attention head is useful to downstream
 layers". Two synthetic tasks, relative positions only (clip 16), a^K only, a^V only, both and neither:
 
-    python scripts/edge_values.py [--tasks sum marker] [--seeds 1 2] [--updates 1500] [--layers 1 2] [--jobs 2]
+    python -m experiments.edge_values [--tasks sum marker] [--seeds 1 2] [--updates 1500] [--layers 1 2] [--jobs 2]
                                   [--output results/edge_values]
-    python scripts/edge_values.py --report [--output results/edge_values]
+    python -m experiments.edge_values --report [--output results/edge_values]
 
 - `sum`, the issue's example: y_i = sum over offsets o in -3..3 of w(o) x_{i+o}, a fixed kernel w over the
   sequence's values (x = symbol / 15 - 1/2, zero outside the sequence), a regression; reported as R^2 on fresh
@@ -21,16 +21,15 @@ where it sits, from the offsets it sees up to the sequence's ends, which the nex
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from reach import FIRST_TOKEN, Tagger, fit  # scripts/ is sys.path[0]
+from experiments.grid import Cell, read_records, run_grid, write_record
+from experiments.reach import FIRST_TOKEN, Tagger, fit
 
 LENGTH, SYMBOLS = 16, 16
 KERNEL = {-3: 0.5, -2: -1.0, -1: 2.0, 0: 1.0, 1: -0.5, 2: 0.25, 3: 1.5}  # w(o): uneven, so no offset is like another
@@ -74,8 +73,7 @@ def score(model: Tagger, task: str, seed: int) -> float:
         return float((model(tokens).argmax(-1) == target).float().mean())
 
 
-def run_one(task: str, edges: str, seed: int, layers: int, updates: int, output: str) -> dict:
-    torch.set_num_threads(1)
+def run_one(task: str, edges: str, seed: int, layers: int, updates: int, output: Path) -> str:
     torch.manual_seed(seed)
     rel_key, rel_value = EDGES[edges]
     model = Tagger(layers, 16, vocab=FIRST_TOKEN + SYMBOLS, outputs=1 if task == "sum" else 2 * LENGTH - 1,
@@ -85,18 +83,19 @@ def run_one(task: str, edges: str, seed: int, layers: int, updates: int, output:
     result = {"task": task, "edges": edges, "seed": seed, "layers": layers, "updates": updates,
               "metric": "R^2" if task == "sum" else "accuracy", "score": score(model.eval(), task, seed),
               "final_loss": final_loss, "minutes": round((time.monotonic() - start) / 60, 2),
-              "command": f"python scripts/edge_values.py --tasks {task} --edges {edges} --seeds {seed} "
+              "command": f"python -m experiments.edge_values --tasks {task} --edges {edges} --seeds {seed} "
                          f"--layers {layers} --updates {updates}"}
-    (Path(output) / f"{task}_{edges}_L{layers}_seed{seed}.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{task} {edges} L={layers} seed {seed}: {result['metric']} {result['score']:.3f} ({result['minutes']:.1f} min)",
-          flush=True)
-    return result
+    write_record(record_path(output, task, edges, layers, seed), result)
+    return f"{task} {edges} L={layers} seed {seed}: {result['metric']} {result['score']:.3f} ({result['minutes']:.1f} min)"
+
+
+def record_path(output: Path, task: str, edges: str, layers: int, seed: int) -> Path:
+    return output / f"{task}_{edges}_L{layers}_seed{seed}.json"
 
 
 def report(output: Path) -> str:
     runs: dict[tuple[str, str, int], list[dict]] = {}
-    for path in sorted(output.glob("*_seed*.json")):
-        run = json.loads(path.read_text())
+    for run in read_records(output, "*_seed*.json"):
         runs.setdefault((run["task"], run["edges"], run["layers"]), []).append(run)
     columns = sorted({(task, layers) for task, _, layers in runs}, key=lambda c: (TASKS.index(c[0]), c[1]))
     lines = ["| edges | " + " | ".join(f"{t}, L={n} ({'R^2' if t == 'sum' else 'accuracy'})" for t, n in columns)
@@ -125,11 +124,8 @@ def main() -> None:
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        todo = [(t, e, s, n) for s in args.seeds for n in args.layers for t in args.tasks for e in args.edges
-                if not (args.output / f"{t}_{e}_L{n}_seed{s}.json").exists()]  # a stopped study resumes
-        with ProcessPoolExecutor(args.jobs) as pool:
-            list(pool.map(run_one, *zip(*[(t, e, s, n, args.updates, str(args.output)) for t, e, s, n in todo],
-                                        strict=True)) if todo else [])
+        run_grid(run_one, [Cell(record_path(args.output, t, e, n, s), (t, e, s, n, args.updates, args.output))
+                           for s in args.seeds for n in args.layers for t in args.tasks for e in args.edges], args.jobs)
     print(report(args.output))
 
 

@@ -1,8 +1,8 @@
 """Validation curves of a table's rows from their TensorBoard logs: one PNG per table.
 
-    python scripts/plot_curves.py table1 [table2 ...] [--results results]
+    python -m experiments.plot_curves table1 [table2 ...] [--results results]
 
-Reads results/<table>/<row>/seed<k>/tensorboard (copied there by scripts/sweep.py) and draws validation
+Reads results/<table>/<row>/seed<k>/tensorboard (copied there by experiments/sweep.py) and draws validation
 loss and greedy validation BLEU (on the first 200 validation sentences) against updates, the mean over
 seeds with a band from the lowest to the highest seed. Writes results/<table>/curves.png.
 """

@@ -1,6 +1,6 @@
 """Where a trained relative model's encoder looks: mean attention mass by relative distance j - i.
 
-    python scripts/plot_attention_distance.py CHECKPOINT [CHECKPOINT ...] --output results/attention_distance.png
+    python -m experiments.plot_attention_distance CHECKPOINT [CHECKPOINT ...] --output results/attention_distance.png
         [--source prepared/multi30k_en_de/test.en] [--sentences 1000] [--max-distance 24]
 
 For each encoder layer and head: the attention probability a query puts on the key at distance j - i,

@@ -1,7 +1,7 @@
 """The length study's positions: which test sentences reach past the positions seen in training.
 
-    python scripts/length_positions.py [--results results] [--output results/length/positions.md]
-    python scripts/length_positions.py --rows outputs/sweep/length/learned/seed1/averaged.pt   # -> learned_rows.md
+    python -m experiments.length_positions [--results results] [--output results/length/positions.md]
+    python -m experiments.length_positions --rows outputs/sweep/length/learned/seed1/averaged.pt   # -> learned_rows.md
 
 The length study trains on sources of at most 12 words, so a learned position table (model.position=learned) has
 rows that no training sentence reached: they keep their random initialization. This counts, per source-length
@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines  # scripts/ is sys.path[0]
+from experiments.results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines
 
 from nmt.checkpoint import CheckpointError
 from nmt.data.pipeline import open_prepared, prepare

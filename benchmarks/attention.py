@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from nmt.attention import MultiHeadAttention
-from nmt.config import Position
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer
+from nmt.modes import Position
 from nmt.timing import time_interleaved
 
 D_MODEL, HEADS, CLIP, TOKENS = 512, 8, 16, 1536

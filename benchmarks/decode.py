@@ -20,11 +20,12 @@ from pathlib import Path
 
 import torch
 
-from nmt.config import Precision, SearchConfig
+from nmt.config import SearchConfig
 from nmt.data.batching import pad_rows
 from nmt.decode import encode_lines, load_translator, translate_ids
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import BOS, EOS, Transformer
+from nmt.modes import Precision
 from nmt.runtime import autocast, autocast_dtype
 from nmt.search import Uncached
 from nmt.timing import time_interleaved

@@ -193,8 +193,8 @@ def training_step_against_torch_path(device, model_overrides: list[str], amp_dty
     import torch
 
     from nmt.experiment import preset_job
-    from nmt.kernels.dispatch import AttentionBackend, model_cases
-    from nmt.model import Transformer
+    from nmt.kernels.dispatch import AttentionBackend
+    from nmt.model import Transformer, model_cases
     from nmt.runtime import autocast
 
     cfg = preset_job(*model_overrides, "model.dropout=0.0").model

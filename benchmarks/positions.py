@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from benchmarks.attention import D_MODEL, HEADS, TOKENS
 
+from benchmarks.attention import D_MODEL, HEADS, TOKENS
 from nmt.attention import MultiHeadAttention
-from nmt.config import ModelConfig, Position
+from nmt.config import ModelConfig
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer, self_attention_positions, stack_positions
+from nmt.modes import Position
 from nmt.timing import time_interleaved
 
 SIZES = (32, 64, 128, 256, 512, 1024)

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 from experiments.results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines
-
 from nmt.checkpoint import CheckpointError
 from nmt.data.pipeline import open_prepared, prepare
 from nmt.data.vocab import Vocab

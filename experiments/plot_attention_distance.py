@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @torch.no_grad()
 def mass_by_distance(checkpoint: Path, sources: list[str], max_distance: int) -> dict:
     model, vocab = load_translator(checkpoint, torch.device("cpu"))
-    if model.cfg.position.value not in ("relative", "both"):
+    if not model.cfg.position.edge_tables:
         raise SystemExit(f"{checkpoint}: position={model.cfg.position.value}, not a relative model")
     ids = [row for row in vocab.encode(sources) if row]
     distances = torch.arange(-max_distance, max_distance + 1)

@@ -1,4 +1,5 @@
-"""python -m nmt.average directory=DIR last=N [output=PATH]: average the newest N regular checkpoints of a run.
+"""python -m nmt.average directory=DIR last=N [output=PATH]: average the newest N regular checkpoints of a run
+(average_checkpoints: the mean of their parameters, a pure function under a thin CLI).
 
 Regular: saved at the run's save cadence or at its end; a checkpoint saved when a signal stopped the run between
 two saves is left out, and the one line written says which were taken and which left out. The older flag form,
@@ -12,32 +13,104 @@ import logging
 import sys
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError, averaging_note, checkpoints_to_average, write_average
-from nmt.cli import hydra_job
-from nmt.config import AverageJob, ConfigError, register_schemas
+from nmt.checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints, save_checkpoint
+from nmt.cli import ends_in_one_line, hydra_job
+from nmt.config import AverageJob, register_schemas
 
 log = logging.getLogger("nmt.average")
 
-INTERRUPTED = "interrupted (Ctrl-C): nothing written"  # written whole or not at all (save_checkpoint renames it)
+INTERRUPTED = "interrupted: nothing written"  # written whole or not at all (save_checkpoint renames it)
 
 
-def average(directory: str, last: int, output: str | None = None) -> int:
-    """Write the average; the exit code (2: too few checkpoints, or one that does not load)."""
+def checkpoints_to_average(directory: str | Path, last: int) -> tuple[list[Path], list[Path]]:
+    """(the newest `last` regular checkpoints, the newer ones left out): regular ones were saved at the save cadence
+    or at the run's end; one saved when a signal stopped the run between two saves is left out (it would weigh a
+    few updates' weights as much as a whole interval's). Reads each newest-first, memory-mapped."""
+    taken: list[Path] = []
+    left_out: list[Path] = []
+    for path in reversed(numbered_checkpoints(directory)):
+        if len(taken) == last:
+            break
+        (left_out if load_checkpoint(path, mmap=True).get("saved_for") == "signal" else taken).append(path)
+    return taken[::-1], left_out[::-1]
+
+
+def averaging_note(paths: list[Path], left_out: list[Path], output: Path) -> str:
+    """The one line that says which checkpoints an average took, and which it left out and why."""
+    note = f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}"
+    if left_out:
+        note += (f"; left out {', '.join(p.name for p in left_out)}: saved when a signal stopped the run, off the "
+                 "save cadence")
+    return note
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict:
+    """Mean of the "model" tensors of several checkpoints (float32 accumulation).
+
+    Floating-point tensors are averaged and cast back to their dtype; integer buffers are taken
+    from the last checkpoint. All checkpoints must hold the same keys and shapes.
+    """
+    return _average(paths)[0]
+
+
+def _average(paths: list[str | Path]) -> tuple[dict, dict]:
+    """(averaged "model", the last checkpoint's other entries), reading one checkpoint at a time.
+
+    At most two state dicts are alive at once (the running sum and the one being read): the big
+    model's 20-checkpoint average needs the memory of two checkpoints, not twenty.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    shapes: dict[str, torch.Size] = {}
+    model: dict[str, torch.Tensor] = {}
+    for path in paths:
+        model = last = {}  # let the previous checkpoint go before the next one is read
+        last = load_checkpoint(path, mmap=True)  # mapped: the optimizer state is never read in
+        model = last.pop("model")
+        if not shapes:
+            shapes = {name: tensor.shape for name, tensor in model.items()}
+        if set(model) != set(shapes):
+            diff = sorted(set(shapes).symmetric_difference(model))[:5]
+            raise CheckpointError(f"{path}: parameters differ from {paths[0]} (e.g. {diff})")
+        for name, tensor in model.items():
+            if tensor.shape != shapes[name]:
+                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
+                                      f"{paths[0]} has {tuple(shapes[name])}")
+            if tensor.is_floating_point():
+                if name in total:
+                    total[name] += tensor.float()
+                else:
+                    total[name] = tensor.float().clone()  # .float() of float32 is the same tensor
+    averaged = {name: (total.pop(name) / len(paths)).to(t.dtype) if t.is_floating_point() else t.clone()
+                for name, t in model.items()}
+    return averaged, last
+
+
+def write_average(paths: list[Path], output: str | Path) -> Path:
+    """Average paths into a checkpoint of the same format (config and step of the last one)."""
+    model, last = _average(paths)
+    state = {"model": model, "averaged_from": [Path(p).name for p in paths],
+             **{key: last[key] for key in ("config", "step", "vocab", "data") if key in last}}
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(state, output)
+    return Path(output)
+
+
+def average(directory: str, last: int, output: str | None = None) -> Path:
+    """Write the average of the newest `last` regular checkpoints; CheckpointError when there are fewer or one does
+    not load."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
     output = output or str(Path(directory) / "averaged.pt")
-    try:
-        paths, left_out = checkpoints_to_average(directory, last)
-        if len(paths) < last:
-            log.error("asked for the last %d checkpoints, %s has %d regular ones%s", last, directory, len(paths),
-                      f" ({len(left_out)} more saved at a signal, left out)" if left_out else "")
-            return 2
-        log.info("%s", averaging_note(paths, left_out, write_average(paths, output)))
-    except CheckpointError as err:
-        log.error("%s", err)
-        return 2
-    return 0
+    paths, left_out = checkpoints_to_average(directory, last)
+    if len(paths) < last:
+        raise CheckpointError(f"asked for the last {last} checkpoints, {directory} has {len(paths)} regular ones"
+                              + (f" ({len(left_out)} more saved at a signal, left out)" if left_out else ""))
+    log.info("%s", averaging_note(paths, left_out, write_average(paths, output)))
+    return Path(output)
 
 
 def flag_form(argv: list[str]) -> bool:
@@ -45,7 +118,7 @@ def flag_form(argv: list[str]) -> bool:
     return any(arg.split("=")[0] in ("--last", "--output") for arg in argv)
 
 
-def main_flags(argv: list[str]) -> int:
+def main_flags(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m nmt.average", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="training output folder holding checkpoint_<update>.pt files")
@@ -54,7 +127,8 @@ def main_flags(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.last < 1:
         parser.error("--last must be >= 1")
-    return average(args.directory, args.last, args.output)
+    with ends_in_one_line("average", INTERRUPTED):
+        average(args.directory, args.last, args.output)
 
 
 register_schemas()
@@ -62,20 +136,12 @@ register_schemas()
 
 @hydra_job("average", AverageJob, interrupted=INTERRUPTED)
 def main(cfg) -> None:
-    job: AverageJob = OmegaConf.to_object(cfg)
-    try:
-        job.check()
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(average(job.directory, job.last, job.output))
+    job: AverageJob = OmegaConf.to_object(cfg).check()
+    average(job.directory, job.last, job.output)
 
 
 if __name__ == "__main__":
     if flag_form(sys.argv[1:]):
-        try:
-            sys.exit(main_flags(sys.argv[1:]))
-        except KeyboardInterrupt:
-            print(f"\n{INTERRUPTED}", file=sys.stderr)
-            sys.exit(130)
-    main()
+        main_flags(sys.argv[1:])
+    else:
+        main()

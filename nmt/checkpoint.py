@@ -1,5 +1,6 @@
-"""Checkpoints: atomic save, safe load (weights_only), resume lookup, averaging, and a training run's saves from
-every rank (Checkpointer).
+"""Checkpoints: the file format (atomic save, safe load with weights_only), the rotation of a run's files, the lookup
+of the newest usable state, and a training run's saves from every rank (Checkpointer). Averaging is nmt/average.py,
+the folder lock nmt/folder_lock.py, the checks that a resumed run is the same run nmt/resume.py.
 
 A checkpoint is a dict of tensors and plain containers. What a run writes in its output folder:
 - checkpoint_<update>.pt: what averaging and decoding need, "model" (state_dict), "config" (resolved, plain),
@@ -11,7 +12,6 @@ A checkpoint is a dict of tensors and plain containers. What a run writes in its
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from nmt.errors import UserError
 from nmt.runtime import Env, all_gather, broadcast_flag, rng_state
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ WEIGHTS = ("model", "config", "vocab", "data", "step", "saved_for")  # what a nu
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used: the message names the file and what to do."""
 
 
@@ -68,28 +69,6 @@ def numbered_checkpoints(directory: str | Path) -> list[Path]:
     """checkpoint_<update>.pt files, oldest update first."""
     found = [(int(m.group(1)), p) for p in Path(directory).glob("checkpoint_*.pt") if (m := _NUMBERED.search(p.name))]
     return [p for _, p in sorted(found)]
-
-
-def checkpoints_to_average(directory: str | Path, last: int) -> tuple[list[Path], list[Path]]:
-    """(the newest `last` regular checkpoints, the newer ones left out): regular ones were saved at the save cadence
-    or at the run's end; one saved when a signal stopped the run between two saves is left out (it would weigh a
-    few updates' weights as much as a whole interval's). Reads each newest-first, memory-mapped."""
-    taken: list[Path] = []
-    left_out: list[Path] = []
-    for path in reversed(numbered_checkpoints(directory)):
-        if len(taken) == last:
-            break
-        (left_out if load_checkpoint(path, mmap=True).get("saved_for") == "signal" else taken).append(path)
-    return taken[::-1], left_out[::-1]
-
-
-def averaging_note(paths: list[Path], left_out: list[Path], output: Path) -> str:
-    """The one line that says which checkpoints an average took, and which it left out and why."""
-    note = f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}"
-    if left_out:
-        note += (f"; left out {', '.join(p.name for p in left_out)}: saved when a signal stopped the run, off the "
-                 "save cadence")
-    return note
 
 
 def save_numbered(state: dict, directory: str | Path, step: int, keep_last: int) -> Path:
@@ -141,98 +120,6 @@ def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) 
         return False
 
 
-def lock_folder(out: Path):
-    """The open lock file of `out`, held (flock) by this job: one training job writes a folder at a time. The
-    kernel drops the lock when the process ends, however it ends, so a killed job leaves none behind. Raises
-    CheckpointError naming the job that holds it."""
-    import datetime
-    import fcntl
-    import socket
-    import sys
-
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        handle = open(out / ".lock", "a+")
-    except OSError as err:
-        raise CheckpointError(f"cannot write the output folder {out}: {err.strerror or err}") from None
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "a process that has not said who it is yet"
-        handle.close()
-        raise CheckpointError(f"{out} is being written by another training job ({holder}): wait for it to end, "
-                              "or give this one another train.output_dir") from None
-    except OSError as err:  # a file system without flock (some Lustre and NFS mounts): train, unguarded
-        handle.close()
-        log.warning("%s cannot be locked (%s): nothing stops a second job from writing it", out, err.strerror or err)
-        return contextlib.nullcontext()
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {datetime.datetime.now():%Y-%m-%d %H:%M:%S}: "
-                 f"{' '.join(sys.argv)}\n")
-    handle.flush()
-    return handle
-
-
-def hold_folder(env: Env, out: Path):
-    """This job's hold on its output folder (rank 0 takes the lock; the other ranks hold nothing): a context to keep
-    for the whole run. Every rank raises the same CheckpointError when rank 0 could not take it, so no rank waits in
-    a collective for one that stopped."""
-    refused, held = None, contextlib.nullcontext()
-    if env.main:
-        try:
-            held = lock_folder(out)
-        except CheckpointError as err:
-            refused = err
-    if env.world_size > 1 and broadcast_flag(env, refused is not None):
-        refused = refused or CheckpointError(f"rank 0 could not lock {out}")
-    if refused is not None:
-        raise refused
-    return held
-
-
-def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> None:
-    """Resuming continues the run in the folder: refused (CheckpointError naming the fields) when this job's model
-    (plain fields) or vocabulary is another one than the folder's run; its weights would not load."""
-    def shown(value):
-        return str(value).lower() if isinstance(value, bool) else value
-
-    theirs = state.get("config", {}).get("model", {})
-    fields = [f"model.{name}={shown(model.get(name))} (the folder's run: {shown(theirs.get(name))})"
-              for name in sorted(set(model) | set(theirs)) if model.get(name) != theirs.get(name)]
-    saved_vocab = state["model"]["embed.weight"].shape[0]
-    if saved_vocab != vocab_size:
-        fields.append(f"a vocabulary of {vocab_size} (the folder's run: {saved_vocab})")
-    if fields:
-        raise CheckpointError(f"{out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir to "
-                              f"another folder, or remove {out} to start this one afresh")
-
-
-def check_same_data(state: dict, identity: dict, spm_model: bytes, out: Path) -> None:
-    """Resuming continues the run on its own data: refused (CheckpointError naming what differs) when the prepared
-    data is another pair, other train or valid files, other vocabulary settings or filters, or the SentencePiece
-    model is another one (the same ids would mean other words)."""
-    theirs, differs = state.get("data"), []
-    if theirs is not None:
-        if (identity.get("src"), identity.get("tgt")) != (theirs.get("src"), theirs.get("tgt")):
-            differs.append(f"the pair {identity.get('src')}-{identity.get('tgt')} (the folder's run: "
-                           f"{theirs.get('src')}-{theirs.get('tgt')})")
-        for split, files in identity.get("inputs", {}).items():
-            before = theirs.get("inputs", {}).get(split, {})
-            if files != before:
-                changed = sorted(set(files) ^ set(before)) or sorted(f for f in files if files[f] != before.get(f))
-                differs.append(f"the {split} files ({', '.join(changed)} differ from the folder's run)")
-        for part in ("vocab", "filters"):
-            if identity.get(part) != theirs.get(part):
-                differs.append(f"the {part} settings {identity.get(part)} (the folder's run: {theirs.get(part)})")
-    if "vocab" in state and state["vocab"].numpy().tobytes() != spm_model:
-        differs.append("another SentencePiece vocabulary (spm.model)")
-    if differs:
-        raise CheckpointError(f"{out} holds a run trained on other data: {'; '.join(differs)}. Set "
-                              f"train.output_dir to another folder, or remove {out} to start this one afresh")
-
-
 def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
     """The newest whole training state that loads: checkpoint_last.pt, else checkpoint_prev.pt, else a numbered
     checkpoint that carries one (written before numbered checkpoints kept only the weights)."""
@@ -254,60 +141,6 @@ def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
         if "optimizer" in state:
             return path, state
     return None
-
-
-def average_checkpoints(paths: list[str | Path]) -> dict:
-    """Mean of the "model" tensors of several checkpoints (float32 accumulation).
-
-    Floating-point tensors are averaged and cast back to their dtype; integer buffers are taken
-    from the last checkpoint. All checkpoints must hold the same keys and shapes.
-    """
-    return _average(paths)[0]
-
-
-def _average(paths: list[str | Path]) -> tuple[dict, dict]:
-    """(averaged "model", the last checkpoint's other entries), reading one checkpoint at a time.
-
-    At most two state dicts are alive at once (the running sum and the one being read): the big
-    model's 20-checkpoint average needs the memory of two checkpoints, not twenty.
-    """
-    if not paths:
-        raise CheckpointError("no checkpoints to average")
-    total: dict[str, torch.Tensor] = {}
-    shapes: dict[str, torch.Size] = {}
-    model: dict[str, torch.Tensor] = {}
-    for path in paths:
-        model = last = {}  # let the previous checkpoint go before the next one is read
-        last = load_checkpoint(path, mmap=True)  # mapped: the optimizer state is never read in
-        model = last.pop("model")
-        if not shapes:
-            shapes = {name: tensor.shape for name, tensor in model.items()}
-        if set(model) != set(shapes):
-            diff = sorted(set(shapes).symmetric_difference(model))[:5]
-            raise CheckpointError(f"{path}: parameters differ from {paths[0]} (e.g. {diff})")
-        for name, tensor in model.items():
-            if tensor.shape != shapes[name]:
-                raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, "
-                                      f"{paths[0]} has {tuple(shapes[name])}")
-            if tensor.is_floating_point():
-                if name in total:
-                    total[name] += tensor.float()
-                else:
-                    total[name] = tensor.float().clone()  # .float() of float32 is the same tensor
-    averaged = {name: (total.pop(name) / len(paths)).to(t.dtype) if t.is_floating_point() else t.clone()
-                for name, t in model.items()}
-    return averaged, last
-
-
-def write_average(paths: list[Path], output: str | Path) -> Path:
-    """Average paths into a checkpoint of the same format (config and step of the last one)."""
-    model, last = _average(paths)
-    state = {"model": model, "averaged_from": [Path(p).name for p in paths],
-             **{key: last[key] for key in ("config", "step", "vocab", "data") if key in last}}
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(state, output)
-    return Path(output)
-
 
 
 class Checkpointer:

@@ -7,11 +7,13 @@ options are key=value."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import functools
 import inspect
 import io
+import logging
 import os
 import sys
 import tokenize
@@ -19,6 +21,8 @@ from enum import Enum
 from pathlib import Path
 
 import hydra
+
+from nmt.errors import EXIT_STOPPED, EXIT_USER_ERROR, Stopped, UserError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -159,12 +163,47 @@ def flag_error(args: list[str], schema: type) -> str | None:
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
+def say_error(err: BaseException, tool: str) -> None:
+    """One line on stderr: through the job's own log where it logs to stderr (so a run's train.log keeps it too),
+    else as `error: ...`. Under torchrun a config error, the same on every rank, is said by rank 0 alone."""
+    from nmt.config import ConfigError
+
+    if isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0":
+        return
+    if any(getattr(handler, "stream", None) is sys.stderr for handler in logging.getLogger().handlers):
+        logging.getLogger(f"nmt.{tool}").error("%s", err)
+    else:  # no log yet, or Hydra's own (to stdout)
+        print(f"error: {err}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def ends_in_one_line(tool: str, interrupted: str = "interrupted"):
+    """Around a job's body (every nmt CLI, Hydra's or argparse's): a UserError ends it in one line, exit 2; Stopped
+    with exit 75 (the job said why and how to continue as it stopped); Ctrl-C that the job did not handle with
+    `interrupted`, exit 130."""
+    try:
+        yield
+    except UserError as err:
+        say_error(err, tool)
+        sys.exit(EXIT_USER_ERROR)
+    except Stopped:
+        sys.exit(EXIT_STOPPED)
+    except KeyboardInterrupt:
+        print(f"\n{interrupted} (Ctrl-C)", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+
+
 def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
     """@hydra.main for configs/<config_name>.yaml (whose fields `schema` describes), after the overrides' check
-    (exit 2, one line naming the key). --help and -h print help_text; a --flag gets one line (exit 2). Ctrl-C (a
-    KeyboardInterrupt that the job did not handle) ends it with `interrupted` on one line, exit 130."""
+    (exit 2, one line naming the key). --help and -h print help_text; a --flag gets one line (exit 2); the job runs
+    in ends_in_one_line."""
     def wrap(task):
-        hydra_main = hydra.main(version_base="1.3", config_path="../configs", config_name=config_name)(task)
+        @functools.wraps(task)
+        def task_in_one_line(cfg):  # inside Hydra's main: Hydra reports an exception that reaches it with exit 1
+            with ends_in_one_line(Path(sys.argv[0]).stem, interrupted):
+                return task(cfg)
+
+        hydra_main = hydra.main(version_base="1.3", config_path="../configs", config_name=config_name)(task_in_one_line)
 
         @functools.wraps(task)
         def entry():
@@ -179,19 +218,14 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
                 sys.exit(0)
             if (error := flag_error(args, schema)) is not None:
                 print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
-                sys.exit(2)
+                sys.exit(EXIT_USER_ERROR)
             # any flag (-m, --config-name, --cfg, -sc, ...) or a sweep: Hydra's own checks, as they are
             if not any(arg.startswith(("-", "hydra.mode=")) for arg in args):
                 error = override_error(config_name, args)
                 if error is not None:
-                    print(f"error: {error} (python -m nmt.{Path(sys.argv[0]).stem} --help lists the fields)",
-                          file=sys.stderr)
-                    sys.exit(2)
-            try:
-                hydra_main()
-            except KeyboardInterrupt:
-                print(f"\n{interrupted} (Ctrl-C)", file=sys.stderr)
-                sys.exit(EXIT_INTERRUPTED)
+                    print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
+                    sys.exit(EXIT_USER_ERROR)
+            hydra_main()
 
         return entry
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from enum import Enum
-from pathlib import Path
 from typing import Optional
 
 from omegaconf import MISSING
 
+from nmt.errors import UserError
+from nmt.modes import Attention, Norm, Position, Precision, Schedule
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config value out of its range: the message names the field, the value and what it must be."""
 
 
@@ -23,25 +23,6 @@ def require(condition: bool, field: str, value, rule: str) -> None:
 def valid_device(name: str) -> bool:
     """auto | cpu | cuda | cuda:N (resolved by nmt.runtime.resolve_device)."""
     return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
-
-
-class Position(str, Enum):
-    relative = "relative"  # Shaw et al. 2018: edge tables in self-attention, no sinusoids
-    absolute = "absolute"  # Vaswani et al. 2017: sinusoids added to the embeddings
-    both = "both"
-    none = "none"  # no position information in the encoder at all (the paper's k=0 analogue)
-    learned = "learned"  # learned absolute embeddings, one table each for encoder and decoder (BERT, fairseq's
-    # --encoder-learned-pos): a row per position up to max_positions; rows past the longest training sentence stay
-    # at their random initialization
-    # Shaw's descendants, in self-attention only like relative (nothing at the input; nmt/positions.py):
-    t5 = "t5"  # Raffel et al. 2020: a learned logit per (bucket of j - i, head), one table per stack
-    alibi = "alibi"  # Press et al. 2022: the logit -m_h |i - j| (symmetric in the encoder), no parameters
-    rope = "rope"  # Su et al. 2021: q and k rotated by position (interleaved pairs, base 10,000), no parameters
-
-
-class Norm(str, Enum):
-    pre = "pre"  # LayerNorm before each sublayer, as tensor2tensor's transformer_base (2018)
-    post = "post"  # LayerNorm after the residual add, as Vaswani et al. 2017
 
 
 @dataclass
@@ -127,27 +108,6 @@ class DataConfig:
         return self
 
 
-class Precision(str, Enum):
-    auto = "auto"  # bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-
-
-class Attention(str, Enum):
-    """Which implementation runs relative self-attention (nmt/kernels/dispatch.py); RELNMT_ATTENTION stands in
-    for auto when set."""
-
-    auto = "auto"  # the fused Triton kernel on CUDA for each case that passed its self-test, else PyTorch
-    torch = "torch"  # the PyTorch path everywhere
-    triton = "triton"  # the kernel wherever its shapes fit, unchecked, no fallback (CPU: TRITON_INTERPRET=1)
-
-
-class Schedule(str, Enum):
-    inverse_sqrt = "inverse_sqrt"  # Vaswani et al. 2017 and the paper: warmup, then decay as step^-0.5
-    linear = "linear"  # same warmup and peak, then linear decay to 0 at train.max_steps (short budgets)
-
-
 @dataclass
 class OptimConfig:
     """Adam with the inverse-square-root schedule of Vaswani et al. 2017 (or a linear decay for short runs)."""
@@ -178,7 +138,7 @@ class TrainConfig:
     max_steps: int = 100_000  # optimizer updates
     max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
-    # The trainer derives the accumulation from it (micro_batches), so every launch form trains the same batch.
+    # The trainer derives the accumulation from it (nmt/batch.py), so every launch form trains the same batch.
     tokens_per_update: int = 0  # the recipe's batch: padded tokens per update, all devices (0: W x max_tokens x F)
     update_freq: Optional[int] = None  # micro-batches per update per device; null = derived (1 with no stated batch)
     save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)
@@ -210,36 +170,6 @@ class TrainConfig:
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         return self
-
-    def micro_batches(self, world_size: int) -> int:
-        """Micro-batches per device per update that reach train.tokens_per_update on `world_size` devices.
-
-        The batch is exact or refused: world_size x max_tokens x F must equal the recipe's tokens, within
-        BATCH_TOLERANCE of it for a max_tokens that does not divide it. The update's micro-batches are then the
-        same set of the one global sequence (nmt/data/batching.py) on 1 device or 64, for a given max_tokens."""
-        if self.tokens_per_update == 0:
-            return self.update_freq or 1
-        per_update = max(1, round(self.tokens_per_update / self.max_tokens))  # global micro-batches per update
-        reached = per_update * self.max_tokens
-        if per_update % world_size or abs(reached - self.tokens_per_update) > BATCH_TOLERANCE * self.tokens_per_update:
-            fits = sorted({self.tokens_per_update // (world_size * f) for f in (1, 2, 4, 8)
-                           if self.tokens_per_update // (world_size * f) >= 1})
-            raise ConfigError(
-                f"train.tokens_per_update={self.tokens_per_update} cannot be reached on {world_size} device(s) with "
-                f"train.max_tokens={self.max_tokens} (it gives {per_update} micro-batches of {self.max_tokens}, "
-                f"which {world_size} device(s) cannot share evenly or which miss it by more than "
-                f"{BATCH_TOLERANCE:.0%}): set train.max_tokens to one of {', '.join(map(str, reversed(fits)))}")
-        derived = per_update // world_size
-        if self.update_freq is not None and self.update_freq != derived:
-            raise ConfigError(
-                f"train.update_freq={self.update_freq} contradicts train.tokens_per_update={self.tokens_per_update}: "
-                f"{world_size} device(s) x {self.max_tokens} tokens need {derived} micro-batches; leave "
-                f"train.update_freq out (it is derived) or set train.tokens_per_update=0")
-        return derived
-
-
-# How far the effective batch may miss the recipe's tokens_per_update when max_tokens does not divide it.
-BATCH_TOLERANCE = 0.05
 
 
 @dataclass
@@ -336,29 +266,12 @@ class ScoreJob:
     output: Optional[str] = None  # also write the results as JSON here
 
 
-def model_overrides_suffix(overrides) -> str:
-    """".clip-4.rel_value-false" for a run's model.* overrides, "" for none: the default output folder of an
-    ablation (configs/train.yaml) is its own, not the preset's, so it never tries to resume another model's run.
-    Only letters, digits, "_", "-" and ".": the folder can be passed back as an override value unquoted."""
-    plain = [str(o).lstrip("+").replace("~model.", "model.no-", 1) for o in overrides]  # ++model.x=, ~model.x
-    picked = sorted(o.removeprefix("model.").replace("=", "-") for o in plain if o.startswith("model."))
-    return "".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked)
-
-
-def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
-    """The data part of a run's default folder: the preset's name, which names corpus and pair
-    (multi30k_en_de); for data=local the pair and the training files' folder and prefix too
-    (local_en_fr.europarl_train), so two local corpora never share, and never resume, one run."""
-    if preset != "local" or not train:
-        return preset
-    corpus = "_".join(part for part in (Path(train).parent.name, Path(train).name) if part)
-    return f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus)
-
-
 def register_schemas() -> None:
     """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
+
+    from nmt.run_names import data_label, model_overrides_suffix
 
     OmegaConf.register_new_resolver("model_overrides", model_overrides_suffix, replace=True)
     OmegaConf.register_new_resolver("data_label", data_label, replace=True)

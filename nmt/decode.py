@@ -16,12 +16,13 @@ import torch
 from tqdm import tqdm
 
 from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.config import SearchConfig, model_config_from_dict
 from nmt.cpu_linear import onednn_preferred, use_onednn
-from nmt.config import Position, Precision, SearchConfig, model_config_from_dict
 from nmt.data.batching import pad_rows
 from nmt.data.vocab import Vocab
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import EOS, Transformer
+from nmt.modes import Precision
 from nmt.search import Hypothesis, beam_search_nbest, greedy
 
 log = logging.getLogger("nmt.translate")
@@ -98,7 +99,7 @@ def input_limit(model: Transformer, max_extra: int, max_input_tokens: int | None
     the longest whose output still fits its position table (sinusoids or learned) (relative distances are clipped, never out of range).
     None: no limit."""
     limits = [max_input_tokens] if max_input_tokens is not None else []
-    if model.cfg.position in (Position.absolute, Position.both, Position.learned):
+    if model.cfg.position.input_table:
         limits.append(model.cfg.max_positions - max_extra - 1)
     return min(limits) if limits else None
 

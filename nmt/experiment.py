@@ -24,12 +24,22 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import load_checkpoint, lock_folder
-from nmt.config import (ConfigError, DataConfig, ModelConfig, OptimConfig, SearchConfig, TrainConfig, TrainJob,
-                        register_schemas)
+from nmt.batch import micro_batches
+from nmt.checkpoint import load_checkpoint
+from nmt.cli import ends_in_one_line
+from nmt.config import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    SearchConfig,
+    TrainConfig,
+    TrainJob,
+    register_schemas,
+)
 from nmt.data.pipeline import prepared_dir
-from nmt.data.readers import DataError, read_lines
+from nmt.data.readers import read_lines
 from nmt.decode import load_translator, translate_lines
+from nmt.folder_lock import lock_folder
 from nmt.runtime import machine, resolve_device, retain_freed_memory
 from nmt.score import score
 from nmt.train import run
@@ -66,7 +76,7 @@ def run_identity(overrides: list[str]) -> str:
     for name in ("output_dir", "threads", "device", "attention", "tokens_per_update"):
         resolved["train"].pop(name)
     # an experiment is one process: its batch is max_tokens x the accumulation, however the recipe states it
-    resolved["train"]["update_freq"] = job.train.micro_batches(1)
+    resolved["train"]["update_freq"] = micro_batches(job.train, 1)
     return json.dumps(resolved, sort_keys=True)
 
 
@@ -161,11 +171,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()
-    try:
+    with ends_in_one_line("experiment"):
         result = train_and_score(args.overrides, args.output, args.split, lines=args.lines)
-    except (ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     result["command"] = " ".join(["python -m nmt.experiment", *(argv if argv is not None else sys.argv[1:])])
     for path in {args.output / "result.json", args.result or args.output / "result.json"}:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,12 +29,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError
 from nmt.cli import hydra_job
-from nmt.config import ConfigError, ExportJob, ModelConfig, Norm, Position, register_schemas
+from nmt.config import ExportJob, ModelConfig, register_schemas
 from nmt.data.vocab import BOS, EOS, UNK, Vocab
 from nmt.decode import EXPORTED_CONFIG, load_translator
+from nmt.errors import UserError
 from nmt.model import Transformer
+from nmt.modes import Norm, Position
 from nmt.positions import ROPE_BASE
 
 log = logging.getLogger("nmt.export")
@@ -42,7 +43,7 @@ log = logging.getLogger("nmt.export")
 SPM_FILE = "spm.model"  # beside model.bin: the exported directory tokenizes and detokenizes on its own
 
 
-class NotExportable(ValueError):
+class NotExportable(UserError, ValueError):
     """A model CTranslate2 cannot hold: the message says why and what to train instead."""
 
 
@@ -97,14 +98,11 @@ def _inputs(spec, model: Transformer, side: str) -> None:
     spec.scale_embeddings = True
     if not hasattr(spec, "position_encodings"):  # relative, t5, rope: nothing at the input
         return
-    cfg = model.cfg
-    if cfg.position == Position.learned:
-        table = getattr(model, f"{side}_positions").weight
-    elif cfg.position == Position.absolute:
-        table = model.positions  # relnmt's own (interleaved) sinusoids, not CTranslate2's
-    else:  # none: CTranslate2 would add its sinusoids by default
-        table = torch.zeros(cfg.max_positions, cfg.d_model)
-    spec.position_encodings.encodings = _array(table)
+    table = getattr(model, f"{side}_positions")  # learned, or relnmt's own (interleaved) sinusoids, not CTranslate2's
+    if table is None:  # none: CTranslate2 would add its sinusoids by default
+        spec.position_encodings.encodings = np.zeros((model.cfg.max_positions, model.cfg.d_model), np.float32)
+    else:
+        spec.position_encodings.encodings = _array(table.weight)
 
 
 def build_spec(model: Transformer, vocab: Vocab):
@@ -112,7 +110,7 @@ def build_spec(model: Transformer, vocab: Vocab):
     from ctranslate2.specs import transformer_spec
 
     cfg = model.cfg
-    kinds = dict(pre_norm=cfg.norm == Norm.pre, relative_position=cfg.position == Position.relative,
+    kinds = dict(pre_norm=cfg.norm == Norm.pre, relative_position=cfg.position.edge_tables,
                  relative_attention_bias=cfg.position == Position.t5)
     if cfg.position == Position.rope:
         kinds.update(rotary_dim=0, rotary_interleave=True, rotary_base=ROPE_BASE)
@@ -203,13 +201,8 @@ def main(cfg) -> None:
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        log.error("the export needs CTranslate2: pip install -e '.[deploy]' (or pip install ctranslate2)")
-        sys.exit(2)
-    try:
-        path = export(job.check().checkpoint, job.output, job.quantization)
-    except (NotExportable, CheckpointError, ConfigError) as err:
-        log.error("%s", err)
-        sys.exit(2)
+        raise UserError("the export needs CTranslate2: pip install -e '.[deploy]' (or pip install ctranslate2)") from None
+    path = export(job.check().checkpoint, job.output, job.quantization)
     log.info("wrote %s (translate with: python -m nmt.translate checkpoint=%s)", path, path)
 
 

@@ -4,13 +4,33 @@ the other ranks report nothing)."""
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 log = logging.getLogger("nmt.train")
+
+
+@dataclass
+class UpdateStats:
+    """What one update reports, read from the device once (per-token means over all ranks)."""
+
+    loss: float
+    nll: float
+    lr: float
+    grad_norm: float
+    tokens: int
+    stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1/SIGINT; "time": some rank ran out of train.max_minutes
+    save_due: bool = False  # some rank's train.save_every_minutes ran out (every rank saves together)
+    skipped: bool = False  # a non-finite loss or gradient (fp16: an overflow): the step counter did not move
+
+    def scalars(self) -> dict:
+        return {"loss": self.loss, "nll": self.nll, "ppl": math.exp(min(self.nll, 50)), "lr": self.lr,
+                "grad_norm": self.grad_norm, "tokens": self.tokens}
 
 
 class Metrics:

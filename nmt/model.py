@@ -9,10 +9,13 @@ import torch
 from torch import Tensor, nn
 
 from nmt.attention import KV, MultiHeadAttention
-from nmt.config import ModelConfig, Norm, Position
+from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
+from nmt.kernels.cases import Case
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, sinusoids  # noqa: F401 (sinusoids)
+from nmt.kernels.tiles import MAX_BUCKETS, buckets_block
+from nmt.modes import Norm, Position
+from nmt.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, input_positions
 
 
 class FeedForward(nn.Sequential):
@@ -57,11 +60,29 @@ def stack_positions(scheme: nn.Module | None, x: Tensor, nk: int, q_offset: int,
 
 
 def _self_attention(cfg: ModelConfig, backend: AttentionBackend | None) -> MultiHeadAttention:
-    relative = cfg.position in (Position.relative, Position.both)
     return MultiHeadAttention(
-        cfg.d_model, cfg.heads, cfg.dropout, clip=cfg.clip if relative else None,
+        cfg.d_model, cfg.heads, cfg.dropout, clip=cfg.clip if cfg.position.edge_tables else None,
         rel_key=cfg.rel_key, rel_value=cfg.rel_value, share_heads=cfg.share_heads, backend=backend,
     )
+
+
+def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, training: bool) -> list[Case]:
+    """Every case a Transformer's relative self-attention can meet: the encoder (padding) and the decoder
+    (causal), each edge-window class its lengths can reach, with dropout (training) and without (evaluation,
+    decoding), more and at most 16 queries."""
+    if not Position(cfg.position).edge_tables or not (cfg.rel_key or cfg.rel_value):
+        return []
+    widest = min(2 * cfg.clip + 1, MAX_BUCKETS)
+    blocks = sorted({buckets_block(r) for r in range(1, widest + 1)})
+    d = cfg.d_model // cfg.heads
+    cases = []
+    for block in blocks:
+        for causal in (False, True):
+            for use_dropout in sorted({cfg.dropout > 0.0 and training, False}):
+                for small in (False, True):  # at most 16 queries (decoding; short batches) take 16-row tiles
+                    cases.append(Case(device.type, dtype, d, block, causal, use_dropout, cfg.rel_key, cfg.rel_value,
+                                      cfg.share_heads, not causal, small))
+    return cases
 
 
 class EncoderLayer(nn.Module):
@@ -152,28 +173,19 @@ class Transformer(nn.Module):
         pre = cfg.norm == Norm.pre  # pre-norm stacks end with a LayerNorm; post-norm already did
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
-        self.absolute = cfg.position in (Position.absolute, Position.both, Position.learned)
-        self.register_buffer("positions", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
-        if cfg.position == Position.learned:  # fairseq's LearnedPositionalEmbedding: N(0, d^-0.5), not scaled
-            self.encoder_positions, self.decoder_positions = (nn.Embedding(cfg.max_positions, cfg.d_model)
-                                                              for _ in range(2))
-            for table in (self.encoder_positions, self.decoder_positions):
-                nn.init.normal_(table.weight, 0.0, cfg.d_model**-0.5)
+        self.encoder_positions, self.decoder_positions = input_positions(cfg)  # the tables added at the input
         # t5, alibi, rope: built once per forward for each stack's self-attention layers
         self.encoder_self_positions = self_attention_positions(cfg, causal=False)
         self.decoder_self_positions = self_attention_positions(cfg, causal=True)
 
     def _embed(self, tokens: Tensor, offset: int = 0, side: str = "encoder") -> Tensor:
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)  # (B, N, d)
-        if self.absolute:
+        positions = self.encoder_positions if side == "encoder" else self.decoder_positions
+        if positions is not None:
             n = tokens.shape[1]
             if offset + n > self.cfg.max_positions:
                 raise ValueError(f"sequence of {offset + n} tokens exceeds model.max_positions={self.cfg.max_positions}")
-            if self.cfg.position == Position.learned:
-                table = getattr(self, f"{side}_positions").weight
-            else:
-                table = self.positions
-            x = x + table[offset : offset + n].to(x.dtype)
+            x = x + positions.weight[offset : offset + n].to(x.dtype)
         return self.embed_dropout(x)
 
     def encode(self, src: Tensor) -> Tensor:

@@ -7,7 +7,9 @@ import math
 
 import torch
 
-from nmt.config import OptimConfig, Schedule
+from nmt.config import OptimConfig
+from nmt.errors import UserError
+from nmt.modes import Schedule
 
 
 def peak_lr(d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -81,10 +83,14 @@ def skip_cause(loss_sum: float, grad_norm: float, loss_scaling: bool) -> str | N
     return None
 
 
+class Diverged(UserError, FloatingPointError):
+    """Training cannot go on: its updates stay non-finite; the message says what to change."""
+
+
 class SkipGuard:
     """The trainer's rule for updates that must not step (skip_cause): each is logged with its cause; fp16
     overflows are the scaler's routine until its scale falls below MIN_LOSS_SCALE; other causes stop the run after
-    max_in_a_row in a row (FloatingPointError, with what to change)."""
+    max_in_a_row in a row (Diverged, with what to change)."""
 
     def __init__(self, max_in_a_row: int):
         self.max_in_a_row = max_in_a_row
@@ -102,14 +108,14 @@ class SkipGuard:
             log.info("update %d skipped: %s; loss scale lowered to %g (%d updates skipped in this run)", update, cause,
                      scale, self.skipped)
             if scale < MIN_LOSS_SCALE:  # gradients that stay non-finite whatever the scale: not an overflow
-                raise FloatingPointError(f"the fp16 loss scale fell to {scale:g} at update {update}: the gradients "
+                raise Diverged(f"the fp16 loss scale fell to {scale:g} at update {update}: the gradients "
                                          "are not finite at any scale; use train.precision=bf16 or fp32")
             return True
         self.in_a_row += 1
         log.warning("update %d skipped: %s (%d in a row, %d in this run); the parameters did not move", update, cause,
                     self.in_a_row, self.skipped)
         if self.in_a_row >= self.max_in_a_row:
-            raise FloatingPointError(f"{self.in_a_row} updates in a row skipped ({cause}) at update {update}; lower "
+            raise Diverged(f"{self.in_a_row} updates in a row skipped ({cause}) at update {update}; lower "
                                      "optim.lr_scale, raise optim.warmup, set optim.clip_norm, or use "
                                      "train.precision=fp32")
         return True

@@ -1,6 +1,7 @@
 """Position schemes other than Shaw et al.'s edge tables (those live with the attention core, nmt/attention.py).
 
-At the input: sinusoids (Vaswani et al. 2017), added to the embeddings. In self-attention, each a function of the
+At the input: sinusoids (Vaswani et al. 2017) or a learned table, added to the embeddings (input_positions, the one
+factory). In self-attention, each a function of the
 relative distance j - i (query i, key j) alone, built once per forward for a whole stack and shared by its layers:
 
 - T5's relative attention bias (Raffel et al. 2020): a learned logit per (bucket of j - i, head); the buckets are
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from nmt.kernels.torch_attention import attention_mask
+from nmt.config import ModelConfig
+from nmt.masks import attention_mask
+from nmt.modes import Position
 
 ROPE_BASE = 10_000.0
 
@@ -36,6 +39,31 @@ def sinusoids(n: int, d: int, offset: int = 0) -> Tensor:
     table[:, 0::2] = torch.sin(pos * inv_freq)
     table[:, 1::2] = torch.cos(pos * inv_freq[: d // 2])
     return table
+
+
+class Sinusoids(nn.Module):
+    """The sinusoids as a table of max_positions rows, rebuilt at load (not saved: a checkpoint holds no constant)."""
+
+    def __init__(self, max_positions: int, d: int):
+        super().__init__()
+        self.register_buffer("weight", sinusoids(max_positions, d), persistent=False)
+
+
+def input_positions(cfg: ModelConfig) -> tuple[nn.Module, nn.Module] | tuple[None, None]:
+    """The one factory of the tables added to the embeddings, as fairseq's PositionalEmbedding: (the encoder's, the
+    decoder's), each with a `weight` of (max_positions, d_model) rows; (None, None) where positions enter elsewhere
+    (edge tables, T5, ALiBi, RoPE) or nowhere."""
+    if not cfg.position.input_table:
+        return None, None
+    if cfg.position != Position.learned:  # absolute, both: one constant table serves both stacks
+        table = Sinusoids(cfg.max_positions, cfg.d_model)
+        return table, table
+    # learned: fairseq's LearnedPositionalEmbedding, N(0, d^-0.5), not scaled; both made before either is
+    # initialized, so that the random stream (and every trained model) is what it was with this order
+    tables = nn.Embedding(cfg.max_positions, cfg.d_model), nn.Embedding(cfg.max_positions, cfg.d_model)
+    for table in tables:
+        nn.init.normal_(table.weight, 0.0, cfg.d_model**-0.5)
+    return tables
 
 
 def t5_bucket(distance: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:

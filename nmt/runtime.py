@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.config import ConfigError, Precision, valid_device
+from nmt.config import ConfigError, valid_device
+from nmt.modes import Precision
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -13,6 +13,9 @@ import re
 import sys
 from pathlib import Path
 
+from nmt.cli import ends_in_one_line
+from nmt.data.readers import DataError
+
 
 def ablation_rows(directory: Path, testset: str) -> list[tuple[str, dict]]:
     """(row folder name, score record) for every row of the ablation, in the folders' natural order."""
@@ -39,12 +42,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("directory", type=Path, help="the ablation's folder, one run folder per row")
     parser.add_argument("--testset", default="newstest2013", help="the score records' test set (default %(default)s)")
     args = parser.parse_args(argv)
-    rows = ablation_rows(args.directory, args.testset)
-    if not rows:
-        print(f"error: no {args.testset}.*.json score record under {args.directory}/*/: run make score for each row "
-              f"first", file=sys.stderr)
-        sys.exit(2)
-    sys.stdout.write(markdown_table(rows, args.testset))
+    with ends_in_one_line("table"):
+        rows = ablation_rows(args.directory, args.testset)
+        if not rows:
+            raise DataError(f"no {args.testset}.*.json score record under {args.directory}/*/: run make score for "
+                            "each row first")
+        sys.stdout.write(markdown_table(rows, args.testset))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import os
-import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -21,27 +18,21 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-    check_same_data,
-    check_same_model,
-    averaging_note,
-    checkpoints_to_average,
-    hold_folder,
-    rank_rng,
-    write_average,
-)
+from nmt.average import averaging_note, checkpoints_to_average, write_average
+from nmt.batch import effective_batch_line, micro_batches
+from nmt.checkpoint import Checkpointer, CheckpointError, rank_rng
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
 from nmt.data.pipeline import open_prepared, prepare
-from nmt.data.readers import DataError
-from nmt.kernels.dispatch import AttentionBackend, model_cases
+from nmt.errors import EXIT_STOPPED, Stopped
+from nmt.folder_lock import hold_folder
+from nmt.kernels.dispatch import AttentionBackend
 from nmt.loss import smoothed_loss
-from nmt.metrics import Metrics
-from nmt.model import Transformer, count_parameters
+from nmt.metrics import Metrics, UpdateStats
+from nmt.model import Transformer, count_parameters, model_cases
 from nmt.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
+from nmt.resume import check_same_data, check_same_model
 from nmt.runtime import (
     Env,
     autocast,
@@ -58,24 +49,6 @@ from nmt.runtime import (
 from nmt.validate import Validator
 
 log = logging.getLogger("nmt.train")
-
-
-@dataclass
-class UpdateStats:
-    """What one update reports, read from the device once (per-token means over all ranks)."""
-
-    loss: float
-    nll: float
-    lr: float
-    grad_norm: float
-    tokens: int
-    stop: str | None  # "signal": some rank got SIGTERM/SIGUSR1/SIGINT; "time": some rank ran out of train.max_minutes
-    save_due: bool = False  # some rank's train.save_every_minutes ran out (every rank saves together)
-    skipped: bool = False  # a non-finite loss or gradient (fp16: an overflow): the step counter did not move
-
-    def scalars(self) -> dict:
-        return {"loss": self.loss, "nll": self.nll, "ppl": math.exp(min(self.nll, 50)), "lr": self.lr,
-                "grad_norm": self.grad_norm, "tokens": self.tokens}
 
 
 def job_dict(job: TrainJob) -> dict:
@@ -100,7 +73,7 @@ class Trainer:
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the global data position after them
-        self.update_freq = self.cfg.micro_batches(env.world_size)  # ConfigError: the recipe's batch is out of reach
+        self.update_freq = micro_batches(self.cfg, env.world_size)  # ConfigError: the recipe's batch is out of reach
         self.skips = SkipGuard(self.cfg.max_bad_updates)
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
@@ -253,13 +226,6 @@ def log_setup(trainer: Trainer) -> None:
     log.info("%s", effective_batch_line(env.world_size, cfg.max_tokens, trainer.update_freq, cfg.tokens_per_update))
 
 
-def effective_batch_line(world_size: int, max_tokens: int, update_freq: int, tokens_per_update: int) -> str:
-    """The batch the job trains, as every launch form logs it (at most these padded tokens per update)."""
-    recipe = f"recipe: {tokens_per_update}" if tokens_per_update else "recipe: not stated, train.tokens_per_update=0"
-    return (f"effective batch: {world_size} devices x {max_tokens} tokens x {update_freq} micro-batches = "
-            f"{world_size * max_tokens * update_freq} ({recipe})")
-
-
 def log_stop(trainer: Trainer, stop: str | None, received: str | None) -> None:
     """What ended the run early, if anything, and what to do next."""
     if stop == "signal":
@@ -284,13 +250,9 @@ def finish(trainer: Trainer) -> None:
              f" ({session:.1f} in this session)" if trainer.earlier_seconds else "")
 
 
-class TrainingStopped(Exception):
-    """SIGTERM or SIGUSR1 ended the run after a complete checkpoint; the same command continues it."""
-
-
-# What nmt.train exits with: 0 done; 2 bad input, config or checkpoint (one line, no traceback); EXIT_STOPPED
-# stopped by SIGTERM/SIGUSR1 with a complete checkpoint saved (EX_TEMPFAIL: run the same command again).
-EXIT_STOPPED = 75
+class TrainingStopped(Stopped):
+    """SIGTERM or SIGUSR1 ended the run after a complete checkpoint; the same command continues it. nmt.train
+    exits 0 done, 2 on bad input, config or checkpoint (one line, no traceback), 75 stopped (nmt/errors.py)."""
 
 
 def run(job: TrainJob) -> Path:
@@ -300,7 +262,7 @@ def run(job: TrainJob) -> Path:
     env = setup_env(job.train.device, job.train.threads)
     out = Path(job.train.output_dir)
     try:
-        job.train.micro_batches(env.world_size)  # the recipe's batch within reach of this launch, before any work
+        micro_batches(job.train, env.world_size)  # the recipe's batch within reach of this launch, before any work
         held = hold_folder(env, out)  # before anything is written there, the log included
     except (ConfigError, CheckpointError):
         if env.world_size > 1:
@@ -329,23 +291,7 @@ register_schemas()
 @hydra_job("train", TrainJob, interrupted="stopped at once: the updates since the last checkpoint are lost; run the "
                                            "same command again to continue from it")
 def main(cfg) -> None:
-    job: TrainJob = OmegaConf.to_object(cfg)
-    try:
-        job.check()
-    except ConfigError as err:  # before logging is set up: straight to stderr
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run(job)
-    except TrainingStopped:
-        sys.exit(EXIT_STOPPED)
-    except ConfigError as err:  # the same on every rank: said once, by rank 0
-        if os.environ.get("RANK", "0") == "0":
-            log.error("%s", err)
-        sys.exit(2)
-    except (DataError, CheckpointError, FloatingPointError) as err:
-        log.error("%s", err)
-        sys.exit(2)
+    run(OmegaConf.to_object(cfg))
 
 
 if __name__ == "__main__":

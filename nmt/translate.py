@@ -27,9 +27,8 @@ from typing import Optional
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from nmt.checkpoint import CheckpointError
 from nmt.cli import hydra_job
-from nmt.config import ConfigError, DecodeJob, register_schemas
+from nmt.config import DecodeJob, register_schemas
 from nmt.data.readers import DataError
 from nmt.decode import load_translator, translate_stream
 from nmt.kernels.dispatch import AttentionBackend
@@ -109,9 +108,6 @@ def main(cfg) -> None:
             out.close()
     except BrokenPipeError:  # `| head -1`: a filter ends quietly when its reader closes the pipe, as Unix tools do
         quiet_stdout()
-    except (ConfigError, CheckpointError, DataError) as err:
-        log.error("%s", err)
-        sys.exit(2)
 
 
 if __name__ == "__main__":

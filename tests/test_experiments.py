@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from experiments import results_table, sweep
 from nmt.experiment import run_identity, same_config, train_and_score
 from nmt.score import score
-from experiments import results_table, sweep
 from tests.conftest import MULTI30K, ROOT, data_overrides, model_overrides
 
 

@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from nmt.config import ModelConfig, OptimConfig, Position, SearchConfig, TrainConfig, TrainJob
+from nmt.config import ModelConfig, OptimConfig, SearchConfig, TrainConfig, TrainJob
 from nmt.decode import ExportedModel, encode_lines, load_translator, translate_ids
 from nmt.export import export, refusal
+from nmt.modes import Position
 from nmt.train import run
 from tests.conftest import ROOT, micro_config, multi30k_lines
 

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint import CheckpointError, check_same_data, load_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.data.batching import training_stream
 from nmt.data.pipeline import open_prepared, prepare, prepared_dir
 from nmt.data.readers import DataError
 from nmt.data.shards import ShardWriter
+from nmt.resume import check_same_data
 from tests.conftest import ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines, write
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from nmt import decode
-from nmt.config import SearchConfig, model_overrides_suffix
+from nmt.config import SearchConfig
+from nmt.run_names import model_overrides_suffix
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -1,6 +1,7 @@
 """The fused kernel's dispatch (nmt/kernels/dispatch.py): the backend as configuration, the self-test gate per
 case, both fallbacks, DDP agreement, and the launch grid. Kernels run in Triton's interpreter on a CPU."""
 
+import itertools
 import warnings
 
 import pytest
@@ -10,7 +11,7 @@ pytest.importorskip("triton")
 
 from nmt.attention import relation_aware_attention  # noqa: E402
 from nmt.config import ConfigError  # noqa: E402
-from nmt.kernels import dispatch, tiles  # noqa: E402
+from nmt.kernels import cases, dispatch, tiles  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
 from nmt.kernels.dispatch import AttentionBackend, KernelFallbackWarning  # noqa: E402
 from tests.test_kernels import DEVICE, DTYPE, ON_GPU, TOL, inputs, on_device  # noqa: E402
@@ -96,7 +97,7 @@ def test_a_failing_kernel_gives_the_pytorch_path_with_one_warning(fault, monkeyp
 
 @pytest.mark.parametrize("table_dtype", [DTYPE, torch.float32])
 def test_backward_falls_back_when_its_launch_raises_after_the_self_test(table_dtype, monkeypatch):
-    monkeypatch.setattr(dispatch, "BACKWARD_FAILED", set())
+    monkeypatch.setattr(cases, "BACKWARD_FAILED", set())
     backend = checked_backend()
     layer_run(backend, repeats=1, table_dtype=table_dtype)  # passes the self-test
     assert list(backend.verdicts.values()) == [True]
@@ -182,7 +183,7 @@ def test_ranks_adopt_a_case_only_if_it_passed_on_every_rank(tmp_path):
 def test_only_cases_the_dispatcher_can_send_are_self_tested(monkeypatch):
     """An fp32 CUDA run (or heads the kernel does not take) self-tests nothing: auto would never send those cases."""
     from nmt.config import ModelConfig
-    from nmt.kernels.dispatch import model_cases
+    from nmt.model import model_cases
 
     tested = []
     monkeypatch.setattr(dispatch, "self_test", lambda case, device: tested.append(case))
@@ -209,7 +210,8 @@ def test_the_self_test_catches_a_wrong_gradient_with_a_right_output(monkeypatch)
     """The self-test compares every gradient; its runs must not share gradient tensors (on a CPU in float64 they
     once did, and any gradient passed)."""
     from nmt.config import ModelConfig
-    from nmt.kernels.dispatch import model_cases, self_test
+    from nmt.kernels.dispatch import self_test
+    from nmt.model import model_cases
 
     real = kernel.relative_attention
 
@@ -227,15 +229,17 @@ def test_a_passed_case_that_is_slower_than_the_pytorch_path_is_not_adopted(monke
     """On CUDA auto times both paths after the self-test and keeps the faster. Here the interpreter is the slow
     kernel; the verdict names both times."""
     from nmt.config import ModelConfig
-    from nmt.kernels.dispatch import model_cases, slower_than_torch
+    from nmt.kernels.dispatch import slower_than_torch
+    from nmt.model import model_cases
 
     case = model_cases(ModelConfig(d_model=32, heads=2, clip=3), DTYPE, torch.device(DEVICE), training=False)[0]
     if not ON_GPU:  # compiled, the kernel may well be the faster one
         cause = slower_than_torch(case, torch.device(DEVICE), repeats=1, shape=(2, 2, 20))
         assert cause.startswith("slower than the PyTorch path") and "ms against" in cause
-    times = iter([0.0, 3.0] * 3 + [0.0, 1.0] * 3)  # kernel 3 s per call, PyTorch path 1 s: the PyTorch path
+    # nmt.timing reads the clock around each timed call, the two paths interleaved (kernel, PyTorch, kernel, ...)
+    times = itertools.cycle([0.0, 3.0, 0.0, 1.0])  # kernel 3 s per call, PyTorch path 1 s: the PyTorch path
     monkeypatch.setattr("time.perf_counter", lambda: next(times))
     assert "3000.00 ms against 1000.00 ms" in slower_than_torch(case, torch.device(DEVICE), repeats=1, shape=(2, 2, 20))
-    times = iter([0.0, 1.0] * 3 + [0.0, 3.0] * 3)  # kernel 1 s per call, PyTorch path 3 s: the kernel stays
+    times = itertools.cycle([0.0, 1.0, 0.0, 3.0])  # kernel 1 s per call, PyTorch path 3 s: the kernel stays
     monkeypatch.setattr("time.perf_counter", lambda: next(times))
     assert slower_than_torch(case, torch.device(DEVICE), repeats=1, shape=(2, 2, 20)) is None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.batch import micro_batches
 from nmt.checkpoint import LAST, load_checkpoint
 from nmt.config import ConfigError, TrainConfig
 from nmt.data.shards import EncodedSplit
@@ -21,11 +22,11 @@ from tests.conftest import ROOT, data_overrides, model_overrides, multi30k_lines
 
 def test_accumulation_is_derived_from_the_recipe_batch():
     paper = TrainConfig(tokens_per_update=32768, max_tokens=4096)
-    assert [paper.micro_batches(w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
-    assert TrainConfig(tokens_per_update=32768, max_tokens=32768).micro_batches(1) == 1
-    assert TrainConfig(tokens_per_update=32768, max_tokens=2731).micro_batches(6) == 2  # 12 x 2,731: 0.01 % over
-    assert TrainConfig(tokens_per_update=32768, max_tokens=4096, update_freq=4).micro_batches(2) == 4
-    assert TrainConfig(max_tokens=1000, update_freq=3).micro_batches(5) == 3  # no stated batch: as given
+    assert [micro_batches(paper, w) for w in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert micro_batches(TrainConfig(tokens_per_update=32768, max_tokens=32768), 1) == 1
+    assert micro_batches(TrainConfig(tokens_per_update=32768, max_tokens=2731), 6) == 2  # 12 x 2,731: 0.01 % over
+    assert micro_batches(TrainConfig(tokens_per_update=32768, max_tokens=4096, update_freq=4), 2) == 4
+    assert micro_batches(TrainConfig(max_tokens=1000, update_freq=3), 5) == 3  # no stated batch: as given
 
 
 @pytest.mark.parametrize("world_size, max_tokens, update_freq, message", [
@@ -37,7 +38,7 @@ def test_accumulation_is_derived_from_the_recipe_batch():
 def test_a_batch_out_of_reach_is_refused(world_size, max_tokens, update_freq, message):
     config = TrainConfig(tokens_per_update=32768, max_tokens=max_tokens, update_freq=update_freq)
     with pytest.raises(ConfigError, match=re.escape(message)):
-        config.micro_batches(world_size)
+        micro_batches(config, world_size)
 
 
 def test_the_trainer_refuses_an_unreachable_batch_in_one_line(prepared, tmp_path):

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from nmt.config import Norm, Position
 from nmt.model import BOS, PAD, Transformer, reorder
+from nmt.modes import Norm, Position
 from tests.conftest import micro_config
 
 VOCAB = 50
@@ -128,3 +128,15 @@ def test_learned_positions_are_trained_tables_one_per_side_with_a_clear_limit():
         model.encode(tokens(1, 13))
     sinusoid = small_model(position=Position.absolute)
     assert not any(name.endswith("positions.weight") for name, _ in sinusoid.named_parameters())
+
+
+@pytest.mark.parametrize("position", list(Position))
+def test_each_mode_builds_exactly_the_tables_its_predicates_name(position):
+    """Position.edge_tables and Position.input_table are the one answer to which tables a mode has: the model built
+    for each mode holds edge tables iff the first says so, input tables iff the second, and nothing else asks."""
+    model = small_model(position=position)
+    has_edges = any(layer.self_attn.rel_k is not None for layer in [*model.encoder, *model.decoder])
+    assert has_edges == position.edge_tables
+    assert (model.encoder_positions is not None) == (model.decoder_positions is not None) == position.input_table
+    if position.input_table:
+        assert model.encoder_positions.weight.shape == (model.cfg.max_positions, model.cfg.d_model)

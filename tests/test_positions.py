@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from nmt.attention import MultiHeadAttention
-from nmt.config import ConfigError, Position
+from nmt.config import ConfigError
 from nmt.model import BOS, PAD, Transformer, self_attention_positions, stack_positions
+from nmt.modes import Position
 from nmt.positions import ALiBi, Rotary, T5Bias, alibi_slopes, rotate, rotation, t5_bucket
 from tests.conftest import micro_config
 

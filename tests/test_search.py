@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from nmt.config import Position
 from nmt.model import BOS, EOS, PAD, Transformer
+from nmt.modes import Position
 from nmt.search import Uncached, beam_search, greedy, length_penalty
 from tests.conftest import micro_config
 

@@ -9,12 +9,11 @@ import pytest
 import torch
 
 from nmt import train as train_module
-from nmt.average import main_flags
+from nmt.average import average_checkpoints, main_flags
 from nmt.checkpoint import (
     LAST,
     PREVIOUS,
     CheckpointError,
-    average_checkpoints,
     latest_usable,
     load_checkpoint,
     numbered_checkpoints,
@@ -109,14 +108,16 @@ def test_checkpoint_contents_and_retention(prepared, tmp_path):
 def test_average_equals_parameter_mean(prepared, tmp_path):
     run(job(prepared, tmp_path, max_steps=6))
     out = tmp_path / "avg.pt"
-    assert main_flags([str(tmp_path), "--last", "3", "--output", str(out)]) == 0
+    main_flags([str(tmp_path), "--last", "3", "--output", str(out)])
     states = [params(tmp_path / f"checkpoint_{s:07d}.pt") for s in (2, 4, 6)]
     averaged = params(out)
     for name, tensor in averaged.items():
         want = sum(s[name].double() for s in states) / 3
         torch.testing.assert_close(tensor.double(), want, rtol=1e-6, atol=1e-7)
     assert not torch.equal(averaged["embed.weight"], states[-1]["embed.weight"])
-    assert main_flags([str(tmp_path), "--last", "9", "--output", str(out)]) == 2
+    with pytest.raises(SystemExit) as refused:
+        main_flags([str(tmp_path), "--last", "9", "--output", str(out)])
+    assert refused.value.code == 2
 
 
 def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):
@@ -124,7 +125,7 @@ def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from nmt import checkpoint as checkpoint_module
+    from nmt import average as average_module
 
     paths = []
     for step in range(1, 6):
@@ -133,7 +134,7 @@ def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):
                          "optimizer": {"m": torch.zeros(64)}, "step": step}, paths[-1])
     alive: list[weakref.ref] = []
     most_alive = 0
-    real_load = checkpoint_module.load_checkpoint
+    real_load = average_module.load_checkpoint
 
     def counting_load(path, *args, **kwargs):
         nonlocal most_alive
@@ -143,8 +144,8 @@ def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):
         alive.append(weakref.ref(state["model"]["w"]))
         return state
 
-    monkeypatch.setattr(checkpoint_module, "load_checkpoint", counting_load)
-    checkpoint_module.write_average(paths, tmp_path / "avg.pt")
+    monkeypatch.setattr(average_module, "load_checkpoint", counting_load)
+    average_module.write_average(paths, tmp_path / "avg.pt")
     assert len(alive) == len(paths)  # each checkpoint read once (the last one is not read again)
     assert most_alive == 1  # no earlier checkpoint alive while one is read: with the running sum, two state dicts
     averaged = real_load(tmp_path / "avg.pt")
@@ -339,8 +340,9 @@ def test_non_finite_weights_are_never_saved(tmp_path, caplog):
 
 @pytest.mark.parametrize("position", ["t5", "alibi", "rope"])
 def test_each_descendant_trains_validates_resumes_averages_and_translates(prepared, tmp_path, position):
-    from nmt.config import Position, SearchConfig
+    from nmt.config import SearchConfig
     from nmt.decode import load_translator, translate_lines
+    from nmt.modes import Position
 
     def mode_job(out, steps):
         j = job(prepared, out, max_steps=steps, valid_every=2, valid_bleu_sentences=4, average_last=2)

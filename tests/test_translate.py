@@ -146,7 +146,7 @@ def test_a_mistyped_override_is_one_line_exit_2(module, args, named):
 def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch):
     from functools import partial
 
-    from nmt.config import Precision
+    from nmt.modes import Precision
     from nmt.runtime import autocast_dtype
 
     decoding_dtype = partial(autocast_dtype, training=False)

@@ -12,8 +12,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from nmt.errors import UserError
 
-class DataError(Exception):
+
+class DataError(UserError):
     """Bad input data: the message says what, where (file:line) and what to do."""
 
 

@@ -19,14 +19,16 @@ import importlib.metadata
 import importlib.util
 import os
 import warnings
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from nmt.config import Attention, ConfigError, ModelConfig, Position
-from nmt.kernels.tiles import MAX_BUCKETS, buckets_block, fits_grid, head_block
+from nmt.config import ConfigError
+from nmt.kernels import cases
+from nmt.kernels.cases import Case, KernelFallbackWarning, case_of  # noqa: F401 (the API)
+from nmt.kernels.tiles import MAX_BUCKETS, fits_grid, head_block
 from nmt.kernels.window import EdgeWindow
+from nmt.modes import Attention
 from nmt.timing import time_interleaved
 
 # What auto sends to the kernel, from the compiles for sm_90 and sm_80 (python -m nmt.kernels.resources): half
@@ -54,44 +56,6 @@ TRITON_INSTALLED = triton_usable()
 # A case passes when, for the output and every gradient, the kernel's largest error against the PyTorch path in
 # float64 is at most twice the PyTorch path's own error in the case's dtype plus this share of the largest value.
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4, torch.float64: 1e-8}
-
-
-class KernelFallbackWarning(UserWarning):
-    """The fused kernel failed its self-test (or a launch) for one case: that case runs the PyTorch path."""
-
-
-class Case(NamedTuple):
-    """What selects a compiled variant of the kernel; the unit of the self-test."""
-
-    device: str
-    dtype: torch.dtype
-    head_dim: int
-    buckets_block: int  # edge vectors held per row: the next power of two >= 16 of the window R
-    causal: bool
-    dropout: bool
-    key_table: bool
-    value_table: bool
-    shared: bool  # one table for every head
-    padding: bool  # a key padding mask
-    decoding: bool  # at most 16 queries: the small-row tiles
-
-    def __str__(self) -> str:
-        tables = "+".join(name for name, on in (("a^K", self.key_table), ("a^V", self.value_table)) if on)
-        flags = [name for name, on in (("causal", self.causal), ("dropout", self.dropout), ("shared", self.shared),
-                                       ("padding", self.padding), ("decoding", self.decoding)) if on]
-        return (f"{str(self.dtype).removeprefix('torch.')} head {self.head_dim}, {self.buckets_block} buckets, "
-                f"{tables}{', ' + ', '.join(flags) if flags else ''} on {self.device}")
-
-
-def case_of(q: Tensor, rel_k, rel_v, buckets: int, padding: bool, causal: bool, dropout_p: float) -> Case:
-    table = rel_k if rel_k is not None else rel_v
-    return Case(q.device.type, q.dtype, int(q.shape[-1]), buckets_block(buckets), causal, dropout_p > 0.0,
-                rel_k is not None, rel_v is not None, table.dim() == 2, padding, q.shape[2] <= 16)
-
-
-# Cases whose backward kernel raised after passing the self-test (the op then computed the gradients on the
-# PyTorch path): from then on auto sends them to the PyTorch path in this process.
-BACKWARD_FAILED: set[Case] = set()
 
 
 def resolve(configured: Attention | str) -> Attention:
@@ -134,7 +98,7 @@ class AttentionBackend:
         if self.mode is not Attention.auto:
             return self.mode is Attention.triton
         case = self.case(q, rel_k, rel_v, buckets, key_padding_mask, causal, dropout_p)
-        if case is None or case in BACKWARD_FAILED:
+        if case is None or case in cases.BACKWARD_FAILED:
             return False
         verdict = self.verdicts.get(case)
         if verdict is None:
@@ -163,25 +127,6 @@ class AttentionBackend:
         self.verdicts[case] = False
         warnings.warn(f"fused relative attention off for {case}: {cause}; using the PyTorch path for it",
                       KernelFallbackWarning, stacklevel=3)
-
-
-def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, training: bool) -> list[Case]:
-    """Every case a Transformer's relative self-attention can meet: the encoder (padding) and the decoder
-    (causal), each edge-window class its lengths can reach, with dropout (training) and without (evaluation,
-    decoding), more and at most 16 queries."""
-    if cfg.position not in (Position.relative, Position.both) or not (cfg.rel_key or cfg.rel_value):
-        return []
-    widest = min(2 * cfg.clip + 1, MAX_BUCKETS)
-    blocks = sorted({buckets_block(r) for r in range(1, widest + 1)})
-    d = cfg.d_model // cfg.heads
-    cases = []
-    for block in blocks:
-        for causal in (False, True):
-            for use_dropout in sorted({cfg.dropout > 0.0 and training, False}):
-                for small in (False, True):  # at most 16 queries (decoding; short batches) take 16-row tiles
-                    cases.append(Case(device.type, dtype, d, block, causal, use_dropout, cfg.rel_key, cfg.rel_value,
-                                      cfg.share_heads, not causal, small))
-    return cases
 
 
 def self_test(case: Case, device: torch.device) -> str | None:

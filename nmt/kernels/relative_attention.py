@@ -32,14 +32,17 @@ import triton.language as tl
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from nmt.kernels import cases
 from nmt.kernels import relative_attention_triton as triton_code
+from nmt.kernels.cases import KernelFallbackWarning, case_of
+from nmt.kernels.kernel_args import Meta, Sizes, Strides
 from nmt.kernels.tiles import Tiles, buckets_block, choose_tiles, grid, head_block
 from nmt.kernels.window import EdgeWindow
 
 
 def _meta(q: Tensor, rel_k, rel_v, key_padding_mask, causal: bool, dropout_p: float, r: int,
-          tiles: Tiles) -> triton_code.Meta:
-    return triton_code.Meta(
+          tiles: Tiles) -> Meta:
+    return Meta(
         HAS_RK=rel_k is not None, HAS_RV=rel_v is not None, HAS_KPM=key_padding_mask is not None,
         CAUSAL=causal, DROPOUT=dropout_p > 0.0, ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_D=head_block(q.shape[-1]), BLOCK_R=buckets_block(r),
@@ -86,9 +89,9 @@ class _Launch:
     kpm: Tensor | None
     r: int
     tiles: Tiles
-    sizes: triton_code.Sizes
+    sizes: Sizes
     lengths: tuple  # NQ, NK, R, LO, Q_OFFSET: separate parameters (never specialized)
-    meta: triton_code.Meta
+    meta: Meta
 
     @classmethod
     def build(cls, q, k, v, rel_k, rel_v, key_padding_mask, clip, lo, causal, q_offset, dropout_p, compiled=None):
@@ -99,7 +102,7 @@ class _Launch:
         compiled = q.is_cuda if compiled is None else compiled
         tiles = choose_tiles(nq, head_block(d), buckets_block(r), compiled)
         return cls(_rows(q), _rows(k), _rows(v), rk, rv, _key_padding(key_padding_mask), r, tiles,
-                   triton_code.Sizes(h, d, clip, 1.0 / math.sqrt(d), dropout_p), (nq, k.shape[2], r, lo, q_offset),
+                   Sizes(h, d, clip, 1.0 / math.sqrt(d), dropout_p), (nq, k.shape[2], r, lo, q_offset),
                    _meta(q, rel_k, rel_v, key_padding_mask, causal, dropout_p, r, tiles))
 
     def grid(self, n: int, block: int) -> tuple[int, int]:
@@ -109,9 +112,9 @@ class _Launch:
         """The tensors every kernel starts with: q, k, v, the tables, the key padding mask, the dropout seed."""
         return self.q, self.k, self.v, self.rk, self.rv, self.kpm, seed
 
-    def strides(self, rows: Tensor) -> triton_code.Strides:
+    def strides(self, rows: Tensor) -> Strides:
         """The kernels' strides, with `rows` the output (forward) or its gradient (backward)."""
-        return triton_code.Strides(*(t.stride()[:3] for t in (self.q, self.k, self.v, rows)),
+        return Strides(*(t.stride()[:3] for t in (self.q, self.k, self.v, rows)),
                                    *(0 if t is None or t.dim() == 2 else t.stride(0) for t in (self.rk, self.rv)))
 
     def launch(self, kernel, n: int, block: int, *tensors: Tensor | None, rows: Tensor) -> None:
@@ -220,13 +223,12 @@ def _pytorch_path_grads(grad_out, q, k, v, rel_k, rel_v, key_padding_mask, seed,
                         dropout_p, err) -> list:
     """Gradients of q, k, v and the tables from the PyTorch path (with the kernel's dropout mask), after the
     backward kernel raised; the case is then kept off the kernel, with one warning."""
-    from nmt.kernels.dispatch import BACKWARD_FAILED, KernelFallbackWarning, case_of
     from nmt.kernels.torch_attention import reference_attention
 
     case = case_of(q, rel_k, rel_v, (rel_k if rel_k is not None else rel_v).shape[-2], key_padding_mask is not None,
                    causal, dropout_p)
-    if case not in BACKWARD_FAILED:
-        BACKWARD_FAILED.add(case)
+    if case not in cases.BACKWARD_FAILED:
+        cases.BACKWARD_FAILED.add(case)
         warnings.warn(f"fused relative attention backward failed for {case} ({type(err).__name__}: {err}); "
                       "gradients from the PyTorch path, which serves this case from now on",
                       KernelFallbackWarning, stacklevel=2)

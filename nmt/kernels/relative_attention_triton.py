@@ -3,11 +3,9 @@ launches it as a torch custom op and says how it works.
 
 Every kernel takes its tensors, then `strides` (Strides), `sizes` (Sizes: what changes with the model), the
 lengths that change with every batch (NQ, NK, R, LO, Q_OFFSET: never specialized), and the constexprs of Meta by
-name: the terms present and the tile shapes BLOCK_M query rows, BLOCK_N keys, BLOCK_D head dims and BLOCK_R edge
+name (the three tuples: nmt/kernels/kernel_args.py): the terms present and the tile shapes BLOCK_M query rows, BLOCK_N keys, BLOCK_D head dims and BLOCK_R edge
 vectors (the window rows lo..lo+R-1 of the 2k+1). Meta stays separate parameters rather than one constexpr tuple:
 Triton 3.3 cannot read a constexpr tuple's fields, and 3.4-3.5 cannot hand one on to a helper."""
-
-from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -16,44 +14,6 @@ import triton.language as tl
 # specialize on them (== 1, divisible by 16) and compile all three kernels anew for n = 40 after n = 48. They stay
 # separate parameters: do_not_specialize does not reach into a tuple's items.
 BATCH_VARYING = ["NQ", "NK", "R", "LO", "Q_OFFSET"]
-
-
-class Meta(NamedTuple):
-    """The constexprs every kernel ends with (passed by name): what a kernel is compiled for."""
-
-    HAS_RK: bool  # a^K (Eq. 4)
-    HAS_RV: bool  # a^V (Eq. 3)
-    HAS_KPM: bool  # a key padding mask
-    CAUSAL: bool
-    DROPOUT: bool
-    ACC: object  # the accumulators' dtype (tl.float32; tl.float64 for float64 inputs)
-    BLOCK_M: int
-    BLOCK_N: int
-    BLOCK_D: int
-    BLOCK_R: int
-    PREC: str  # tl.dot's input_precision
-
-
-class Sizes(NamedTuple):
-    """The scalars that change with the model, not the batch."""
-
-    H: int  # heads
-    D: int  # head size
-    CLIP: int  # k
-    scale: float  # 1 / sqrt(D)
-    dropout_p: float
-
-
-class Strides(NamedTuple):
-    """(batch, head, row) strides of q, k, v and of the output (forward) or its gradient (backward); head strides
-    of the a^K and a^V tables (0: one table shared by every head)."""
-
-    q: tuple
-    k: tuple
-    v: tuple
-    o: tuple
-    rk: int
-    rv: int
 
 
 @triton.jit

@@ -1,0 +1,58 @@
+"""The switches of the schema (nmt/config.py): how positions enter the model, where LayerNorm sits, the precision,
+the attention implementation, the learning-rate schedule. Each choice is a str enum, so an override writes its
+value and a checkpoint stores it as text."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Position(str, Enum):
+    relative = "relative"  # Shaw et al. 2018: edge tables in self-attention, no sinusoids
+    absolute = "absolute"  # Vaswani et al. 2017: sinusoids added to the embeddings
+    both = "both"
+    none = "none"  # no position information in the encoder at all (the paper's k=0 analogue)
+    learned = "learned"  # learned absolute embeddings, one table each for encoder and decoder (BERT, fairseq's
+    # --encoder-learned-pos): a row per position up to max_positions; rows past the longest training sentence stay
+    # at their random initialization
+    # Shaw's descendants, in self-attention only like relative (nothing at the input; nmt/positions.py):
+    t5 = "t5"  # Raffel et al. 2020: a learned logit per (bucket of j - i, head), one table per stack
+    alibi = "alibi"  # Press et al. 2022: the logit -m_h |i - j| (symmetric in the encoder), no parameters
+    rope = "rope"  # Su et al. 2021: q and k rotated by position (interleaved pairs, base 10,000), no parameters
+
+    @property
+    def edge_tables(self) -> bool:
+        """Shaw's edge tables a^K, a^V in self-attention (Eq. 3-4)."""
+        return self in (Position.relative, Position.both)
+
+    @property
+    def input_table(self) -> bool:
+        """A table of positions added to the embeddings (sinusoids or learned), which bounds the length by
+        model.max_positions."""
+        return self in (Position.absolute, Position.both, Position.learned)
+
+
+class Norm(str, Enum):
+    pre = "pre"  # LayerNorm before each sublayer, as tensor2tensor's transformer_base (2018)
+    post = "post"  # LayerNorm after the residual add, as Vaswani et al. 2017
+
+
+class Precision(str, Enum):
+    auto = "auto"  # bf16 autocast on GPUs that support it, else fp16 with a GradScaler; fp32 on CPU
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Attention(str, Enum):
+    """Which implementation runs relative self-attention (nmt/kernels/dispatch.py); RELNMT_ATTENTION stands in
+    for auto when set."""
+
+    auto = "auto"  # the fused Triton kernel on CUDA for each case that passed its self-test, else PyTorch
+    torch = "torch"  # the PyTorch path everywhere
+    triton = "triton"  # the kernel wherever its shapes fit, unchecked, no fallback (CPU: TRITON_INTERPRET=1)
+
+
+class Schedule(str, Enum):
+    inverse_sqrt = "inverse_sqrt"  # Vaswani et al. 2017 and the paper: warmup, then decay as step^-0.5
+    linear = "linear"  # same warmup and peak, then linear decay to 0 at train.max_steps (short budgets)

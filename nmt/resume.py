@@ -1,0 +1,49 @@
+"""A resumed run is the same run: the folder's checkpoint against this job's model, vocabulary and prepared data,
+refused in one line (CheckpointError) naming what differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nmt.checkpoint import CheckpointError
+
+
+def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> None:
+    """Resuming continues the run in the folder: refused (CheckpointError naming the fields) when this job's model
+    (plain fields) or vocabulary is another one than the folder's run; its weights would not load."""
+    def shown(value):
+        return str(value).lower() if isinstance(value, bool) else value
+
+    theirs = state.get("config", {}).get("model", {})
+    fields = [f"model.{name}={shown(model.get(name))} (the folder's run: {shown(theirs.get(name))})"
+              for name in sorted(set(model) | set(theirs)) if model.get(name) != theirs.get(name)]
+    saved_vocab = state["model"]["embed.weight"].shape[0]
+    if saved_vocab != vocab_size:
+        fields.append(f"a vocabulary of {vocab_size} (the folder's run: {saved_vocab})")
+    if fields:
+        raise CheckpointError(f"{out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir to "
+                              f"another folder, or remove {out} to start this one afresh")
+
+
+def check_same_data(state: dict, identity: dict, spm_model: bytes, out: Path) -> None:
+    """Resuming continues the run on its own data: refused (CheckpointError naming what differs) when the prepared
+    data is another pair, other train or valid files, other vocabulary settings or filters, or the SentencePiece
+    model is another one (the same ids would mean other words)."""
+    theirs, differs = state.get("data"), []
+    if theirs is not None:
+        if (identity.get("src"), identity.get("tgt")) != (theirs.get("src"), theirs.get("tgt")):
+            differs.append(f"the pair {identity.get('src')}-{identity.get('tgt')} (the folder's run: "
+                           f"{theirs.get('src')}-{theirs.get('tgt')})")
+        for split, files in identity.get("inputs", {}).items():
+            before = theirs.get("inputs", {}).get(split, {})
+            if files != before:
+                changed = sorted(set(files) ^ set(before)) or sorted(f for f in files if files[f] != before.get(f))
+                differs.append(f"the {split} files ({', '.join(changed)} differ from the folder's run)")
+        for part in ("vocab", "filters"):
+            if identity.get(part) != theirs.get(part):
+                differs.append(f"the {part} settings {identity.get(part)} (the folder's run: {theirs.get(part)})")
+    if "vocab" in state and state["vocab"].numpy().tobytes() != spm_model:
+        differs.append("another SentencePiece vocabulary (spm.model)")
+    if differs:
+        raise CheckpointError(f"{out} holds a run trained on other data: {'; '.join(differs)}. Set "
+                              f"train.output_dir to another folder, or remove {out} to start this one afresh")

@@ -147,3 +147,38 @@ def test_classes_stay_one_concept_in_size():
             if isinstance(node, ast.ClassDef):
                 assert node.end_lineno - node.lineno + 1 <= 160, f"{path.name}: {node.name}"
 
+
+
+def nmt_imports() -> dict[str, set[str]]:
+    """{module: the nmt modules it imports at its top level} (imports inside functions are lazy by intent)."""
+    import ast
+
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (ROOT / "nmt").rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in modules)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name in modules)
+        graph[name] = found - {name}
+    return graph
+
+
+def test_files_are_one_concept_in_size_and_imports_never_go_round():
+    for path in (ROOT / "nmt").rglob("*.py"):
+        assert len(path.read_text().splitlines()) <= 300, f"{path}: over 300 lines, more than one concept"
+    graph, done = nmt_imports(), set()
+
+    def visit(module, path):
+        assert module not in path, f"import circle: {' -> '.join([*path[path.index(module):], module])}"
+        if module not in done:
+            for imported in graph[module]:
+                visit(imported, [*path, module])
+            done.add(module)
+
+    for module in graph:
+        visit(module, [])

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints, save_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite, numbered_checkpoints, save_checkpoint
 from nmt.cli import ends_in_one_line, hydra_job
 from nmt.config import AverageJob, register_schemas
 
@@ -71,6 +71,8 @@ def _average(paths: list[str | Path]) -> tuple[dict, dict]:
         model = last = {}  # let the previous checkpoint go before the next one is read
         last = load_checkpoint(path, mmap=True)  # mapped: the optimizer state is never read in
         model = last.pop("model")
+        if broken := non_finite(model):  # one NaN makes the whole mean NaN
+            raise CheckpointError(f"{path}: {broken}: it cannot be averaged; leave it out (nothing was written)")
         if not shapes:
             shapes = {name: tensor.shape for name, tensor in model.items()}
         if set(model) != set(shapes):

@@ -65,6 +65,17 @@ def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) ->
     return state
 
 
+def non_finite(model: dict) -> str | None:
+    """Which tensors of a state dict hold a NaN or an inf ("decoder.0.ffn.weight holds NaN or inf values (and 3 more
+    tensors)"), None if none does. The one test of every door a weight passes: the trainer's save, averaging, and
+    loading for decoding or export."""
+    broken = [name for name, t in model.items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if not broken:
+        return None
+    more = f" (and {len(broken) - 1} more tensors)" if len(broken) > 1 else ""
+    return f"{broken[0]} holds NaN or inf values{more}"
+
+
 def numbered_checkpoints(directory: str | Path) -> list[Path]:
     """checkpoint_<update>.pt files, oldest update first."""
     found = [(int(m.group(1)), p) for p in Path(directory).glob("checkpoint_*.pt") if (m := _NUMBERED.search(p.name))]
@@ -105,10 +116,9 @@ def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) 
     as it was and says so in one error line; returns whether the save was written. Non-finite weights are never
     written (the trainer skips non-finite updates, so this is the last guard, e.g. against an optimizer that
     overflowed): the earlier checkpoints stay the resumable ones."""
-    broken = [name for name, t in state["model"].items() if t.is_floating_point() and not bool(t.isfinite().all())]
-    if broken:
-        log.error("update %d not saved in %s: %d parameters are not finite (%s); the earlier checkpoints are intact "
-                  "(resumable from update %d)", state["step"], out, len(broken), broken[0], max(resumable, 0))
+    if broken := non_finite(state["model"]):
+        log.error("update %d not saved in %s: %s; the earlier checkpoints are intact (resumable from update %d)",
+                  state["step"], out, broken, max(resumable, 0))
         return False
     try:
         log.info("saved %s", save_numbered(state, out, state["step"], keep_last))

@@ -193,6 +193,18 @@ def ends_in_one_line(tool: str, interrupted: str = "interrupted"):
         sys.exit(EXIT_INTERRUPTED)
 
 
+OUTPUT_FOLDERS = ("train.output_dir",)  # the fields that name a job's own output folder
+
+
+def hydra_run_dir(args: list[str]) -> list[str]:
+    """The arguments, with Hydra's run folder set to the job's output folder where the user names one: Hydra makes its
+    run folder before the job starts, and its default (outputs/<preset>...) would be left behind empty."""
+    named = [arg.split("=", 1)[1] for arg in args if arg.split("=", 1)[0] in OUTPUT_FOLDERS and "=" in arg]
+    if not named or any(arg.startswith(("hydra.run.dir=", "-m", "--multirun", "hydra.mode=")) for arg in args):
+        return args
+    return [*args, f"hydra.run.dir={named[-1]}"]
+
+
 def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
     """@hydra.main for configs/<config_name>.yaml (whose fields `schema` describes), after the overrides' check
     (exit 2, one line naming the key). --help and -h print help_text; a --flag gets one line (exit 2); the job runs
@@ -225,6 +237,7 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
                 if error is not None:
                     print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
                     sys.exit(EXIT_USER_ERROR)
+            sys.argv[1:] = hydra_run_dir(args)
             hydra_main()
 
         return entry

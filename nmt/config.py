@@ -238,8 +238,9 @@ QUANTIZATIONS = ("float32", "float16", "bfloat16", "int8", "int8_float32", "int8
 @dataclass
 class ExportJob:
     checkpoint: str = MISSING  # a relnmt checkpoint (averaged.pt, checkpoint_*.pt)
-    output: str = MISSING  # the CTranslate2 model directory to write (replaced whole if it exists)
+    output: str = MISSING  # the CTranslate2 model directory to write: a new or empty folder, or see force
     quantization: Optional[str] = None  # CTranslate2's weight type: float32 (default), int8, float16, ...
+    force: bool = False  # replace an earlier export in output (never a folder that nmt.export did not write)
 
     def check(self) -> "ExportJob":
         require(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization", self.quantization,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite
 from nmt.config import SearchConfig, model_config_from_dict
 from nmt.cpu_linear import onednn_preferred, use_onednn
 from nmt.data.batching import pad_rows
@@ -29,6 +29,7 @@ log = logging.getLogger("nmt.translate")
 
 
 EXPORTED_CONFIG = "relnmt.json"  # beside an exported model's model.bin: the relnmt config it was exported from
+EXPORT_FILES = ("model.bin", "config.json", "spm.model")  # what an export recorded without its file list needs
 COMPUTE_TYPES = {Precision.auto: "default", Precision.fp32: "float32", Precision.bf16: "bfloat16",
                  Precision.fp16: "float16"}  # translate's precision= for an exported model
 
@@ -78,13 +79,15 @@ def load_translator(checkpoint: str | Path, device: torch.device, backend: Atten
     library (x86 CPUs not made by Intel)."""
     exported = Path(checkpoint)
     if exported.is_dir():
-        if not (exported / EXPORTED_CONFIG).is_file():
-            raise CheckpointError(f"{exported} is a folder, not a checkpoint nor a model written by nmt.export")
+        check_exported(exported)
         vocab = Vocab(exported / "spm.model")
         return ExportedModel(exported, vocab, device, precision), vocab
     state = load_checkpoint(checkpoint)
     if "vocab" not in state or "config" not in state:
         raise CheckpointError(f"{checkpoint}: no vocabulary or config inside; was it written by nmt.train?")
+    if broken := non_finite(state["model"]):  # no hypothesis survives NaN scores
+        raise CheckpointError(f"{checkpoint}: {broken}: it cannot translate; use another of the run's "
+                              "checkpoints, or average them again")
     vocab = Vocab(model_proto=state["vocab"].numpy().tobytes())
     model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0],
                         backend)
@@ -94,9 +97,28 @@ def load_translator(checkpoint: str | Path, device: torch.device, backend: Atten
     return model.to(device).eval(), vocab
 
 
+def check_exported(directory: Path) -> None:
+    """A folder that nmt.export wrote, whole: every file its relnmt.json lists, at the size written (a lost model.bin
+    or a partial copy is one line naming the folder and what is missing, not CTranslate2's RuntimeError)."""
+    record = directory / EXPORTED_CONFIG
+    if not record.is_file():
+        raise CheckpointError(f"{directory} is a folder, not a checkpoint nor a model written by nmt.export")
+    try:
+        files = json.loads(record.read_text()).get("files") or dict.fromkeys(EXPORT_FILES)
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{record}: not the record nmt.export writes (damaged?): export it again") from None
+    missing = [name for name in files if not (directory / name).is_file()]
+    short = [f"{name} has {(directory / name).stat().st_size} of its {size} bytes" for name, size in files.items()
+             if name not in missing and size is not None and (directory / name).stat().st_size != size]
+    if missing or short:
+        what = "; ".join(filter(None, [f"{', '.join(missing)} missing" if missing else "", *short]))
+        raise CheckpointError(f"{directory}: an incomplete export ({what}): copy it whole, or export it again")
+
+
 def input_limit(model: Transformer, max_extra: int, max_input_tokens: int | None = None) -> int | None:
-    """Longest source (tokens, EOS excluded) decoded: max_input_tokens, and for a model with absolute positions
-    the longest whose output still fits its position table (sinusoids or learned) (relative distances are clipped, never out of range).
+    """Longest source (tokens, EOS excluded) decoded: max_input_tokens, and for a model with an input position table
+    (sinusoids or learned) the longest whose output still fits it (relative distances are clipped, never out of
+    range).
     None: no limit."""
     limits = [max_input_tokens] if max_input_tokens is not None else []
     if model.cfg.position.input_table:

@@ -1,4 +1,4 @@
-"""python -m nmt.export checkpoint=PATH output=DIR [quantization=int8|int8_float32|float16|bfloat16|...]
+"""python -m nmt.export checkpoint=PATH output=DIR [quantization=int8|int8_float32|float16|bfloat16|...] [force=true]
 
 A relnmt checkpoint as a CTranslate2 model directory (model.bin, the vocabularies, config.json), with the
 SentencePiece model beside it and TRANSLATE.md saying how to run it; `python -m nmt.translate checkpoint=DIR`
@@ -14,13 +14,16 @@ sqrt(d_model), queries by 1/sqrt(D). Position modes:
     rope                     rotary embeddings of the whole head dimension, interleaved pairs, base 10,000
 
 CTranslate2 cannot hold per-head edge tables, ALiBi in an encoder, or sinusoids and edge tables together: those
-are refused in one line (exit 2) saying why and what to train instead.
+are refused in one line (exit 2) saying why and what to train instead. An existing output folder is refused too,
+unless it holds an earlier export and force=true is given; the new export replaces it in one step.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -145,8 +148,11 @@ def build_spec(model: Transformer, vocab: Vocab):
     return spec
 
 
-def export(checkpoint: str | Path, output: str | Path, quantization: str | None = None) -> Path:
-    """Write the CTranslate2 directory for a checkpoint; NotExportable when CTranslate2 cannot hold the model."""
+def export(checkpoint: str | Path, output: str | Path, quantization: str | None = None, force: bool = False) -> Path:
+    """Write the CTranslate2 directory for a checkpoint; NotExportable when CTranslate2 cannot hold the model. An
+    existing `output` is replaced only when it holds an earlier export and `force` is set, never another folder."""
+    output = Path(output)
+    check_output(output, force)  # before the work: a refusal costs nothing
     model, vocab = load_translator(checkpoint, torch.device("cpu"))
     why = refusal(model.cfg)
     if why is not None:
@@ -155,19 +161,57 @@ def export(checkpoint: str | Path, output: str | Path, quantization: str | None 
     spec = build_spec(model, vocab)
     spec.validate()
     spec.optimize(quantization=quantization)
-    output = Path(output)
-    staging = output.with_name(f".{output.name}.tmp")  # whole or not at all
+    staging = output.with_name(f".{output.name}.tmp")  # ours: a kill during the export leaves it behind, no more
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     spec.save(str(staging))
     (staging / SPM_FILE).write_bytes(vocab.sp.serialized_model_proto())
-    config = {"model": OmegaConf.to_container(OmegaConf.structured(model.cfg), enum_to_str=True),
-              "checkpoint": str(checkpoint), "quantization": quantization or "float32"}
-    (staging / EXPORTED_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     (staging / "TRANSLATE.md").write_text(usage(output, quantization))
-    shutil.rmtree(output, ignore_errors=True)
-    staging.rename(output)
+    config = {"model": OmegaConf.to_container(OmegaConf.structured(model.cfg), enum_to_str=True),
+              "checkpoint": str(checkpoint), "quantization": quantization or "float32",
+              "files": {path.name: path.stat().st_size for path in sorted(staging.iterdir())}}
+    (staging / EXPORTED_CONFIG).write_text(json.dumps(config, indent=2) + "\n")  # last: it marks the export whole
+    swap_in(staging, output)
     return output
+
+
+def check_output(output: Path, force: bool) -> None:
+    """CTranslate2's converters' rule: an existing folder is not written over unless asked (force), and then only an
+    export that nmt.export wrote; a folder of anything else (a run's checkpoints, the user's files) never."""
+    if not output.exists() or (output.is_dir() and not any(output.iterdir())):
+        return
+    if not (output / EXPORTED_CONFIG).is_file():
+        raise UserError(f"{output} exists and is not a model written by nmt.export: nothing was written; choose a new "
+                        "folder for output=")
+    if not force:
+        raise UserError(f"{output} holds an earlier export: force=true replaces it (nothing was written)")
+
+
+def swap_in(staging: Path, output: Path) -> None:
+    """staging takes output's name, so that a kill at any moment leaves the old export or the new one there, whole:
+    an atomic exchange of the two folders where the system has one (Linux renameat2), else the old one moved aside
+    first (a kill between the two renames leaves both, whole, beside the name)."""
+    if not output.exists():
+        staging.rename(output)
+        return
+    if not exchange(staging, output):
+        aside = output.with_name(f".{output.name}.old")
+        shutil.rmtree(aside, ignore_errors=True)
+        output.rename(aside)
+        staging.rename(output)
+        staging = aside
+    shutil.rmtree(staging)  # the old export, now out of the way
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (renameat2 RENAME_EXCHANGE); False where the system or file system has none."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, rename_exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE (linux/fs.h)
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), rename_exchange) == 0
 
 
 def usage(output: Path, quantization: str | None) -> str:
@@ -201,8 +245,9 @@ def main(cfg) -> None:
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
-        raise UserError("the export needs CTranslate2: pip install -e '.[deploy]' (or pip install ctranslate2)") from None
-    path = export(job.check().checkpoint, job.output, job.quantization)
+        raise UserError("the export needs CTranslate2: pip install -e '.[deploy]' (or pip install ctranslate2)"
+                        ) from None
+    path = export(job.check().checkpoint, job.output, job.quantization, job.force)
     log.info("wrote %s (translate with: python -m nmt.translate checkpoint=%s)", path, path)
 
 

@@ -30,6 +30,7 @@ import torch
 
 from experiments.grid import Cell, read_records, run_grid, write_record
 from experiments.reach import LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
+from nmt.cli import ends_in_one_line
 
 MODES = ["relative:2", "relative:8", "relative:16", "t5", "alibi", "rope", "absolute", "none"]
 EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
@@ -138,4 +139,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with ends_in_one_line("extrapolate"):  # a stopped grid: one line, exit 75
+        main()

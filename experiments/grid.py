@@ -3,17 +3,27 @@ processes -> one JSON record per cell -> the study's table.
 
 A cell is done when its record exists, and a record is written whole (a temporary file renamed into place), so a
 grid stopped half-way resumes where it stopped and never takes a half-written record for a finished run. A cell that
-fails is reported and costs only itself.
+fails is reported and costs only itself. SIGTERM or Ctrl-C stops the grid: no new cell starts, each running job that
+is a child process (run_child) is asked to stop after its next checkpoint, and run_grid raises Stopped once they
+have (exit 75 through nmt.cli.ends_in_one_line): the same command continues.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
+import subprocess
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+
+from nmt.errors import Stopped
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_child: subprocess.Popen | None = None  # a pool worker's running job (run_child), asked to stop on a signal
 
 
 @dataclass(frozen=True)
@@ -22,24 +32,66 @@ class Cell:
     args: tuple  # what the study's run function is called with
 
 
-def one_thread(threads: int) -> None:
+def worker_setup(threads: int) -> None:
+    """A pool worker: `threads` CPU threads, and a signal passed on to its child job as SIGTERM (stop after the next
+    checkpoint) instead of ending the worker. A Python handler, not SIG_IGN: the child starts with the defaults."""
     import torch
 
     torch.set_num_threads(threads)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda *_: _child is not None and _child.poll() is None and _child.terminate())
+
+
+def run_child(command: list[str], **popen) -> int:
+    """subprocess.run for a grid's job: its exit code, the job stopped by SIGTERM when the grid is stopped."""
+    global _child
+    with subprocess.Popen(command, **popen) as _child:
+        code = _child.wait()
+    _child = None
+    return code
 
 
 def run_grid(run: Callable[..., str], cells: Iterable[Cell], jobs: int, threads: int = 1) -> list[Cell]:
     """run(*cell.args) for every cell without a record, `jobs` side by side with `threads` CPU threads each (one each:
     2 jobs on 2 cores use the machine without oversubscribing it), printing each run's line as it ends; the cells
-    that were to run."""
+    that were to run. Stopped (after every running cell has ended) when a signal stopped the grid or a cell."""
     todo = [cell for cell in cells if not cell.record.is_file()]
-    with ProcessPoolExecutor(max(1, jobs), initializer=one_thread, initargs=(threads,)) as pool:
-        futures = {pool.submit(run, *cell.args): cell for cell in todo}
-        for done in as_completed(futures):
-            try:
-                print(done.result(), flush=True)
-            except Exception as err:  # one broken run must not stop the others
-                print(f"{futures[done].record}: FAILED ({type(err).__name__}: {err})", flush=True)
+    stopped: list[str] = []
+
+    def stop(signum, _frame):
+        if not stopped:
+            print(f"{signal.Signals(signum).name}: no new run starts; the running ones stop after their next "
+                  "checkpoint", flush=True)
+        stopped.append(signal.Signals(signum).name)
+        for worker in multiprocessing.active_children():
+            os.kill(worker.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    waiting = list(todo)
+    try:
+        with ProcessPoolExecutor(max(1, jobs), initializer=worker_setup, initargs=(threads,)) as pool:
+            running: dict = {}
+            while waiting or running:
+                while waiting and len(running) < max(1, jobs) and not stopped:  # one at a time: a stop starts none
+                    cell = waiting.pop(0)
+                    running[pool.submit(run, *cell.args)] = cell
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for done in finished:
+                    cell = running.pop(done)
+                    try:
+                        print(done.result(), flush=True)
+                    except Stopped as err:
+                        stopped.append(str(err))
+                        print(f"{cell.record.parent}: {err}", flush=True)
+                    except Exception as err:  # one broken run must not stop the others
+                        print(f"{cell.record}: FAILED ({type(err).__name__}: {err})", flush=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stopped:
+        raise Stopped("stopped: run the same command again to continue (finished runs are kept, stopped ones resume)")
     return todo
 
 

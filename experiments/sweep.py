@@ -6,8 +6,9 @@
 Every run of a table has the same recipe (configs/experiment/table1.yaml, or length.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
 writes results/<table>/<row>/seed<k>/{result.json, test.hyp.<tgt>, config.yaml, train.log, tensorboard/}.
-A run whose result.json exists is skipped, so a sweep killed half-way resumes where it stopped; a run
-with exactly the same resolved config in another table is copied from there, not trained twice.
+A run whose result.json exists is skipped, and a stopped one (SIGTERM, Ctrl-C: exit 75 after its checkpoint)
+continues from its checkpoint, so a sweep run again resumes where it stopped; a run with exactly the same resolved
+config in another table is copied from there, not trained twice.
 Seeds are the outer loop: an unfinished sweep still has every row at its first seeds.
 `--jobs N` runs N side by side (one CPU thread each on a CPU; on a GPU they share it).
 """
@@ -15,16 +16,20 @@ Seeds are the outer loop: an unfinished sweep still has every row at its first s
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from experiments.grid import Cell, run_grid, write_record
+from experiments.grid import Cell, run_child, run_grid, write_record
+from nmt.cli import ends_in_one_line
 from nmt.data.pipeline import prepare
+from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.experiment import compose_job, find_same_run, run_identity
 from nmt.runtime import experiment_cpu_precision
 
@@ -120,16 +125,37 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
     start = time.monotonic()
-    with open(run_dir.parent / f"seed{seed}.log", "w") as log:
-        done = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        return f"{name}: FAILED (exit {done.returncode}), see {run_dir.parent / f'seed{seed}.log'}"
+    with open(run_dir.parent / f"seed{seed}.log", "a") as log:  # a continued run's log follows the stopped one's
+        code = run_child(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if code == EXIT_STOPPED:
+        raise Stopped(f"stopped with a checkpoint in {run_dir}: the same sweep continues it")
+    if code != 0:
+        return f"{name}: FAILED (exit {code}), see {run_dir.parent / f'seed{seed}.log'}"
     result = json.loads((run_dir / "result.json").read_text())
     shown = [os.path.relpath(a, ROOT) if a == str(run_dir) else a for a in command[3:]]
     result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *shown]))
     write_record(run_dir / "result.json", result, indent=2)
     keep_results(run_dir, target)
     return f"{name}: BLEU {result['bleu']:.2f} in {(time.monotonic() - start) / 60:.1f} min"
+
+
+CORES_LOCK = Path(tempfile.gettempdir()) / "relnmt-sweep-cores.lock"  # machine-wide: one sweep owns the cores
+_cores = None  # the open lock file, held until the process ends (flock: the system frees it even after a kill)
+
+
+def claim_the_cores() -> str | None:
+    """Take the machine's cores for this sweep; None when taken, else who holds them."""
+    global _cores
+    _cores = open(CORES_LOCK, "a+")
+    try:
+        fcntl.flock(_cores, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _cores.seek(0)
+        return _cores.read().strip() or "a running sweep"
+    _cores.truncate(0)
+    _cores.write(f"pid {os.getpid()}: python -m experiments.sweep {' '.join(sys.argv[1:])}")
+    _cores.flush()
+    return None
 
 
 def main() -> int:
@@ -141,15 +167,21 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--outputs", type=Path, default=ROOT / "outputs" / "sweep")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads per run; 0 = cores / jobs")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads per run; 0 = cores / jobs, and no "
+                        "other sweep may run on this machine meanwhile")
     parser.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     args = parser.parse_args()
     if args.device is None:
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    # One thread per job on a CPU (2 jobs on 2 cores), all of them for a single job; --threads when other
-    # sweeps share the machine (more threads than cores slows every job several times over).
+    # One thread per job on a CPU (2 jobs on 2 cores), all of them for a single job: the machine's cores, so a
+    # second such sweep is refused (two ran 4x slower); --threads shares them knowingly.
+    if not args.threads and args.device == "cpu" and not args.dry_run:
+        holder = claim_the_cores()
+        if holder is not None:
+            raise UserError(f"another sweep uses this machine's cores ({holder}): wait for it, or give --threads N "
+                            "to both to share them (threads x jobs of all sweeps at most the cores)")
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     table = TABLES[args.table]
     unknown = set(args.rows or []) - set(table["rows"])
@@ -174,4 +206,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with ends_in_one_line("sweep"):
+        sys.exit(main())

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -25,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.batch import micro_batches
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.cli import ends_in_one_line
 from nmt.config import (
     DataConfig,
@@ -114,20 +115,59 @@ def find_same_run(identity: str, results: Path, exclude: Path) -> Path | None:
     return None
 
 
+RECORD = "experiment.json"  # in an experiment's folder: which run it holds (its identity), and whether it finished
+
+
+def write_json(path: Path, record: dict) -> None:
+    """Whole or not at all (a kill mid-write leaves the previous record)."""
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(staged, path)
+
+
+def differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted fields where two resolved configs differ (same_config's rule for a field only one side has)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [f for name in sorted(set(a) | set(b))
+                for f in differing_fields(a.get(name, MISSING), b.get(name, MISSING), f"{prefix}{name}.")]
+    return [] if same_config(a, b, tuple(prefix.rstrip(".").split("."))) else [prefix.rstrip(".")]
+
+
+def claim_folder(output: Path, identity: str) -> None:
+    """Make `output` this experiment's folder. Empty or new: a fresh run. Holding the same run (same identity:
+    config, data, budget), finished or not: continued, as the trainer resumes exactly, so a stopped experiment run
+    again ends as an uninterrupted one would. Holding another run that finished: replaced, as a new experiment.
+    Holding another run that did not finish, or files no experiment wrote: refused (CheckpointError), nothing lost."""
+    held = [path for path in output.iterdir() if path.name != ".lock"] if output.is_dir() else []
+    if held:
+        record = json.loads((output / RECORD).read_text()) if (output / RECORD).is_file() else None
+        if record is not None and same_config(json.loads(record["identity"]), json.loads(identity)):
+            log.info("continuing the run in %s (the same experiment)", output)
+            return
+        finished = record.get("finished") if record else any(p.name in ("result.json", "score.json") for p in held)
+        if not finished:
+            fields = differing_fields(json.loads(record["identity"]), json.loads(identity)) if record else []
+            differs = f" (it differs in {', '.join(fields[:4])})" if fields else ""
+            raise CheckpointError(f"{output} holds an unfinished run of another experiment{differs}: remove it to "
+                                  "start this one, or choose another --output (nothing was changed)")
+        with lock_folder(output):  # never under a job that is still writing it (CheckpointError names it)
+            log.info("replacing the finished run of another experiment in %s", output)
+            for path in held:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    output.mkdir(parents=True, exist_ok=True)
+    write_json(output / RECORD, {"identity": identity, "finished": False})
+
+
 def train_and_score(overrides: list[str], output: Path, split: str = "test",
                     search: SearchConfig = SearchConfig(), lines: int | None = None) -> dict:
-    """Train from scratch into `output` (a previous run there is removed), average, decode `split` (its first
-    `lines` sentences if given), score.
+    """Train into `output` (continuing the same run there, see claim_folder), average, decode `split` (its first
+    `lines` sentences if given), score. TrainingStopped when a signal stopped the training: the same call continues.
 
-    Writes output/{averaged.pt, <split>.hyp.<tgt>, result.json}; returns the result record.
+    Writes output/{experiment.json, averaged.pt, <split>.hyp.<tgt>}; returns the result record.
     """
     started = time.monotonic()
-    if output.exists():  # one budgeted run from scratch, never a resumed (longer) one
-        with lock_folder(output):  # never under a job that is still writing it (CheckpointError names it)
-            log.info("removing the previous run in %s", output)
-            for path in output.iterdir():
-                if path.name != ".lock":
-                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    identity = run_identity(overrides)
+    claim_folder(output, identity)
     job, resolved = compose_job([*overrides, f"train.output_dir={output}"])
     run(job)  # prepares the data first (a no-op when up to date)
     train_minutes = (time.monotonic() - started) / 60
@@ -145,6 +185,7 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
 
     averaged = load_checkpoint(output / "averaged.pt")
+    write_json(output / RECORD, {"identity": identity, "finished": True})
     return {
         **score(hyps, refs, job.data.tgt),
         "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
@@ -162,7 +203,8 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", required=True, type=Path, help="training folder (removed first if present)")
+    parser.add_argument("--output", required=True, type=Path, help="training folder (the same experiment there is "
+                        "continued; another one's finished run replaced)")
     parser.add_argument("--split", choices=["test", "valid"], default="test", help="the set to decode and score")
     parser.add_argument("--lines", type=int, help="decode and score only the first N sentences of the split")
     parser.add_argument("--result", type=Path, help="also write the result JSON here (default: OUTPUT/result.json)")

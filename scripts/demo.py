@@ -8,7 +8,9 @@ alpha 0.6 on test_2016_flickr. The budget is a number of updates, so every machi
 first half, then the linear decay to 0 at update N. `--lines N` decodes and scores only the first N sentences (a
 quick check of the whole chain; its BLEU is not the demo's). `--split valid` scores the validation set instead:
 settings are tuned there, never on test. Extra arguments are Hydra overrides for the training job.
-Writes OUTPUT/{averaged.pt, <split>.hyp.de, score.json}; a previous run in OUTPUT is removed first.
+Writes OUTPUT/{averaged.pt, <split>.hyp.de, score.json}. Stopped (Ctrl-C, SIGTERM), it saves a checkpoint and exits
+75; the same command continues it, to the same result as a run never stopped. A finished run of other settings in
+OUTPUT is replaced; an unfinished one is refused (nmt.experiment.claim_folder).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import logging
 import sys
 from pathlib import Path
 
+from nmt.cli import ends_in_one_line
 from nmt.experiment import train_and_score
 from nmt.runtime import experiment_cpu_precision, retain_freed_memory
 
@@ -38,7 +41,8 @@ def main() -> None:
     budget = [f"train.max_steps={args.updates}", f"optim.warmup={max(1, args.updates // 2)}"] if args.updates else []
     overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", *budget,
                  f"train.precision={experiment_cpu_precision().value}", *args.overrides]
-    result = train_and_score(overrides, args.output, args.split, lines=args.lines)
+    with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
+        result = train_and_score(overrides, args.output, args.split, lines=args.lines)
     result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"

@@ -1,6 +1,7 @@
 """A run knows its data: a resume onto other data is refused, a prepare that keeps no pair is refused, an empty
 split never makes a loop wait for ever, and a prepare during a run does not change what the run reads."""
 
+import errno
 import json
 import os
 import shutil
@@ -130,3 +131,26 @@ def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
     after = ([data.train[i][0] for i in range(20)], validator.sentences, data.spm_model)
     assert all(np.array_equal(a, b) for a, b in zip(before[0], after[0]))  # the open shards are the old files
     assert after[1] == before[1] and after[2] == before[2]
+
+
+def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_earlier_folder(corpus, monkeypatch):
+    from nmt.data import pipeline
+
+    cfg = local_config(corpus)
+    target = prepare(cfg)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    real = pipeline._write_split
+
+    def full_disk(cfg, split, vocab, work):
+        real(cfg, split, vocab, work)  # written whole, then the next split finds the disk full
+        if split == "train":
+            raise OSError(errno.ENOSPC, "No space left on device", str(work / "valid.000.bin"))
+
+    monkeypatch.setattr(pipeline, "_write_split", full_disk)
+    with pytest.raises(DataError, match=rf"could not write the prepared data {target}: No space left on device "
+                                        r"\(valid.000.bin\); [\d,]+ MiB free there; nothing was kept"):
+        prepare(cfg, force=True)
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before  # the earlier folder, whole
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".")] == []  # nothing half-written
+    monkeypatch.undo()
+    assert open_prepared(cfg).train is not None  # and it is still taken as up to date

@@ -8,6 +8,7 @@ rebuilds.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import logging
@@ -205,11 +206,11 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         log.info("%s: rebuilding (%s)", target, "force=true" if force and existing.get("key") == key
                  else "stale: its inputs or settings changed")
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     work = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
         vocab_text = work / "vocab_input.txt"
         log.info("vocabulary text: %d sentences", _write_vocab_input(cfg, vocab_text))
         vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample))
@@ -225,10 +226,25 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
                     "spm_sha256": readers.file_digest(work / "spm.model")}
         (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         _replace(work, target)
+    except OSError as err:  # a full disk, a quota, a read-only file system: one line, nothing half-written kept
+        shutil.rmtree(work, ignore_errors=True)
+        raise DataError(write_failure(target, err)) from None
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
     return target
+
+
+def write_failure(target: Path, err: OSError) -> str:
+    """Why the prepared folder could not be written, with the space left where the disk is the cause."""
+    what = err.strerror or str(err)
+    if err.filename:
+        what += f" ({Path(err.filename).name})"
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = shutil.disk_usage(next(p for p in (target, *target.parents) if p.exists())).free
+        what += f"; {free / 2**20:,.0f} MiB free there"
+    return (f"could not write the prepared data {target}: {what}; nothing was kept (the folder is written whole or "
+            "not at all): free some space, or set data.prepared_dir to a folder on another disk")
 
 
 FILTERS = {"too_long": "data.max_len={max_len} (subword tokens, either side)",

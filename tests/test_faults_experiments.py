@@ -1,0 +1,147 @@
+"""A stopped experiment continues: nmt.experiment (and the demo and the sweeps built on it) stopped by a signal exits
+75 in one line with a checkpoint, and the same command ends with the result of a run never stopped; a folder
+holding another experiment's unfinished run is refused, a finished one replaced; two sweeps do not share the cores
+unknowingly."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import grid, sweep
+from nmt.checkpoint import CheckpointError
+from nmt.errors import EXIT_STOPPED, Stopped
+from nmt.experiment import RECORD, claim_folder, run_identity
+from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def experiment(prepared, out: Path, *extra) -> list[str]:
+    return [sys.executable, "-m", "nmt.experiment", "--output", str(out), "--lines", "12", *data_overrides(prepared),
+            *model_overrides(), "train.max_steps=40", "train.save_every_steps=10", "train.average_last=2",
+            "train.max_tokens=300", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1",
+            "train.log_every=1", "train.device=cpu", *extra]
+
+
+def test_a_stopped_experiment_run_again_ends_as_one_never_stopped(prepared, tmp_path):
+    whole = subprocess.run(experiment(prepared, tmp_path / "whole"), cwd=ROOT, env=ENV, capture_output=True,
+                           text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    out = tmp_path / "stopped"
+    job = subprocess.Popen(experiment(prepared, out), cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (out / "train.log").is_file() and "train update 13:" in (out / "train.log").read_text())
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == EXIT_STOPPED and "Traceback" not in stderr, stderr[-2000:]
+    assert "run the same command again to continue" in stderr and not (out / "result.json").exists()
+    again = subprocess.run(experiment(prepared, out), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "continuing the run in" in again.stderr, again.stderr[-2000:]
+    assert "resuming from" in (out / "train.log").read_text()
+    ours, theirs = (json.loads((folder / "result.json").read_text()) for folder in (out, tmp_path / "whole"))
+    assert (ours["bleu"], ours["chrf"], ours["updates"]) == (theirs["bleu"], theirs["chrf"], theirs["updates"]) == \
+        (ours["bleu"], ours["chrf"], 40)
+    assert (out / ours["hyp"]).read_bytes() == (tmp_path / "whole" / theirs["hyp"]).read_bytes()
+
+
+def test_a_folder_of_another_experiment_is_refused_unfinished_and_replaced_finished(tmp_path):
+    mine, theirs = (run_identity(["model=tiny", f"model.clip={k}"]) for k in (4, 8))
+    out = tmp_path / "run"
+    claim_folder(out, theirs)
+    (out / "checkpoint_last.pt").write_bytes(b"their updates")
+    with pytest.raises(CheckpointError, match=r"holds an unfinished run of another experiment \(it differs in "
+                                              r"model.clip\).*nothing was changed"):
+        claim_folder(out, mine)
+    assert (out / "checkpoint_last.pt").read_bytes() == b"their updates"
+    claim_folder(out, theirs)  # the same experiment: continued, its files kept
+    assert (out / "checkpoint_last.pt").is_file()
+    (out / RECORD).write_text(json.dumps({"identity": theirs, "finished": True}))
+    claim_folder(out, mine)  # another experiment's finished run: replaced
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == [RECORD]
+    assert json.loads((out / RECORD).read_text()) == {"identity": mine, "finished": False}
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="unfinished run of another experiment"):  # no record: not ours
+        claim_folder(tmp_path / "mine", mine)
+
+
+def test_a_grid_whose_run_was_stopped_lets_the_running_ones_end_and_starts_no_new_one(tmp_path, capsys):
+    cells = [grid.Cell(tmp_path / name / "result.json", (name,)) for name in ("b", "a", "c")]
+    with pytest.raises(Stopped, match="run the same command again to continue"):
+        grid.run_grid(_one_stops, cells, jobs=2)  # b and a run side by side; a is stopped; c never starts
+    printed = capsys.readouterr().out
+    assert "stopped with a checkpoint in a" in printed and "b: done" in printed and "c: done" not in printed
+
+
+def _one_stops(name: str) -> str:
+    if name == "b":
+        import time
+
+        time.sleep(1)  # still running when a is stopped
+    if name == "a":
+        raise Stopped("stopped with a checkpoint in a")
+    return f"{name}: done"
+
+
+def test_the_demo_stopped_exits_75_in_one_line(prepared, tmp_path):
+    """scripts/demo.py on the test corpus (later overrides win), stopped by SIGTERM as make demo would be."""
+    out = tmp_path / "demo"
+    job = subprocess.Popen([sys.executable, "scripts/demo.py", "--output", str(out), "--lines", "5",
+                            *data_overrides(prepared), *model_overrides(), "train.max_steps=100000",
+                            "train.max_tokens=300", "train.threads=1", "train.log_every=1", "train.valid_every=0",
+                            "train.valid_bleu_sentences=0"], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (out / "train.log").is_file() and "train update 3:" in (out / "train.log").read_text())
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == EXIT_STOPPED and "Traceback" not in stderr, stderr[-2000:]
+    assert "run the same command again to continue (exit code 75)" in stderr.strip().splitlines()[-1]
+
+
+def test_a_second_sweep_on_the_same_cores_is_refused_unless_told_to_share(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom experiments.sweep import claim_the_cores\n"
+                               "assert claim_the_cores() is None\nprint('held', flush=True)\ntime.sleep(120)"],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        second = subprocess.run([sys.executable, "-m", "experiments.sweep", "table3", "--device", "cpu", "--results",
+                                 str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
+        assert f"another sweep uses this machine's cores (pid {holder.pid}" in second.stderr
+        assert "give --threads N" in second.stderr and not any(tmp_path.iterdir())
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sweep.claim_the_cores() is None  # freed when its holder ended, however it ended
+
+
+CHILD = """import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))  # as nmt.experiment: stop with a checkpoint, exit 75
+open(sys.argv[1], "w").close()
+time.sleep(120)
+"""
+
+
+def _a_long_child(started: str) -> str:
+    code = grid.run_child([sys.executable, "-c", CHILD, started])
+    if code == EXIT_STOPPED:
+        raise Stopped("stopped with a checkpoint")
+    return f"exit {code}"
+
+
+def test_a_signal_to_the_grid_stops_its_running_jobs_and_starts_no_new_one(tmp_path, capsys):
+    import threading
+
+    cells = [grid.Cell(tmp_path / f"{i}.json", (str(tmp_path / f"started{i}"),)) for i in range(3)]
+    timer = threading.Thread(target=lambda: (wait_for(lambda: (tmp_path / "started0").exists(), 60),
+                                             os.kill(os.getpid(), signal.SIGTERM)))
+    timer.start()
+    with pytest.raises(Stopped):
+        grid.run_grid(_a_long_child, cells, jobs=1)
+    timer.join()
+    assert not (tmp_path / "started1").exists() and "SIGTERM: no new run starts" in capsys.readouterr().out

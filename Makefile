@@ -129,9 +129,9 @@ length-study: install
 descendants: install
 	$(PY) -m experiments.sweep descendants --jobs $(JOBS)
 
-# README tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
+# results/README.md's tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
 plots: install
-	$(PY) -m experiments.results_table --readme README.md
+	$(PY) -m experiments.results_table --readme results/README.md
 	$(PY) -m experiments.plot_curves table1 table2 table3 length beyond
 	$(PY) -m experiments.length_positions
 

@@ -1,13 +1,13 @@
-"""Turn results/<table>/<row>/seed<k>/result.json into the README's tables (Markdown).
+"""Turn results/<table>/<row>/seed<k>/result.json into the tables of results/README.md (Markdown).
 
-    python -m experiments.results_table [--readme README.md] [--samples 1000] [--blocks descendants ...]
+    python -m experiments.results_table [--readme results/README.md] [--samples 1000] [--blocks descendants ...]
 
 Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and the paired bootstrap
 test of sacrebleu (`--paired-bs`; 1,000 resamples, seed 12345) of the row against its table's reference
 row, on the concatenation of the seeds' hypotheses (seed k against seed k). Every run's BLEU, chrF and
 compound-split BLEU are scored again from its committed hypotheses and the bundled references; a record that
-disagrees stops the script, naming its file. With --readme, the text
-between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is replaced by the table NAME.
+disagrees stops the script, naming its file. With --readme (results/README.md, as make plots writes it), the
+text between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is replaced by the table NAME.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
 SCORES = ("bleu", "chrf", "compound_split_bleu")
 
 BLEU_BLOCKS = ("table1", "table2", "table3", "beyond", "descendants")
-# The length study's rows, in two README blocks: the paper's section (with learned positions) and the descendants'.
+# The length study's rows, in two blocks of results/README.md: the paper's section (with learned positions) and
+# the descendants'.
 LENGTH_BLOCKS = {"length": ("absolute", "relative", "learned"),
                  "descendants-length": ("absolute", "relative", "t5", "alibi", "rope")}
 
@@ -180,16 +181,17 @@ def length_table(rows: dict[str, dict[int, dict]]) -> str:
 
 
 def replace_block(text: str, name: str, block: str) -> str:
-    pattern = re.compile(rf"(<!-- results:{re.escape(name)} -->\n).*?(<!-- /results:{re.escape(name)} -->)", re.S)
+    pattern = re.compile(rf"(<!-- results:{re.escape(name)} -->\n).*?(<!-- /results:{re.escape(name)} -->)", re.DOTALL)
     if not pattern.search(text):
-        raise SystemExit(f"no <!-- results:{name} --> ... <!-- /results:{name} --> block in the README")
+        raise SystemExit(f"no <!-- results:{name} --> ... <!-- /results:{name} --> block in the file given to "
+                         "--readme (results/README.md)")
     return pattern.sub(lambda m: m.group(1) + block + "\n" + m.group(2), text)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=ROOT / "results")
-    parser.add_argument("--readme", type=Path, help="replace the marked blocks in this file")
+    parser.add_argument("--readme", type=Path, help="replace the marked blocks in this file (results/README.md)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--blocks", nargs="+", choices=[*BLEU_BLOCKS, *LENGTH_BLOCKS], default=None,
                         help="only these blocks (default: all)")

@@ -54,7 +54,7 @@ def refusal(cfg: ModelConfig) -> str | None:
     """Why CTranslate2 cannot hold a model of this config, or None when it can."""
     if cfg.position == Position.relative and not cfg.share_heads:
         return ("CTranslate2 holds one edge table per layer, shared across heads, not one per head: train with "
-                "model.share_heads=true (at tiny it costs no BLEU: the README's shared-table row)")
+                "model.share_heads=true (at tiny it costs no BLEU: results/README.md, the shared-table row)")
     if cfg.position == Position.alibi:
         return ("CTranslate2 has ALiBi only in a decoder, not in an encoder: train with model.position=t5 or rope "
                 "for a relative scheme it can run")

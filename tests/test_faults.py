@@ -1,4 +1,5 @@
-"""What a long run survives: each fault injected, then checked that nothing is lost (README: what survives what).
+"""What a long run survives: each fault injected, then checked that nothing is lost (docs/robustness.md: what
+survives what).
 
 The multi-process cases run the real command under torchrun with two gloo workers on the CPU."""
 

@@ -1,5 +1,6 @@
-"""What a long job survives beyond the trainer's own faults (README: what survives what): a second job on a running
-job's folder, a folder of another model, the default folders of ablations, and a translation killed part-way."""
+"""What a long job survives beyond the trainer's own faults (docs/robustness.md: what survives what): a second job
+on a running job's folder, a folder of another model, the default folders of ablations, and a translation killed
+part-way."""
 
 import os
 import signal

@@ -1,11 +1,13 @@
-"""Every command the README shows, run as written on a copy of the checkout, in the README's order (a later command
-may need an earlier one's files). Commands are the lines of its ```sh blocks and the inline code spans that start
-with a command and have arguments, read from the README itself: a command written tomorrow is run tomorrow.
+"""Every command the docs show, run as written on a copy of the checkout, in one order: README.md, then docs/*.md
+(sorted), then results/README.md, each doc top to bottom (a later command may need an earlier one's files, e.g. the
+data and checkpoint of `make demo`). Commands are the lines of their ```sh blocks and the inline code spans that
+start with a command and have arguments, read from the docs themselves: a command written tomorrow is run tomorrow.
 
 Where a command trains, decodes or benchmarks, the rules below append the flags or overrides the command documents
 to make it small (the last value of an option wins); commands that need a GPU, the hub, a cluster or hours are
 skipped, each for its reason. Any other command runs exactly as written. A command fails the test on a non-zero
-exit or on a traceback in its output, whatever its exit code.
+exit or on a traceback in its output, whatever its exit code. The fast tests check that every command has a plan,
+that every relative Markdown link in the docs points to a file or folder that exists, and the README's length.
 """
 
 import os
@@ -19,13 +21,13 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.slow
-
 COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|make|\.venv/bin/|sacrebleu|scripts/|echo |tensorboard|pip |\. )")
 SMALL_TRAIN = "train.max_steps=2 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"
 GPU = "needs GPUs (the paper's WMT14 recipes; tests/test_launch.py rehearses them at toy size)"
 HUB = "downloads WMT14 from the Hugging Face hub (tests/test_launch.py prepares it from a local copy)"
 HOURS = "hours on a CPU (its code runs at small size in tests/test_experiments.py)"
+README_MAX_LINES = 250
+LINK = re.compile(r"\[(?:[^\]]|\][^(])*\]\(([^)\s]+)\)")
 
 # (pattern, what to do): "skip: why", "mention: why" (a name in prose, not a command to run), or text to append.
 RULES = [
@@ -82,6 +84,7 @@ RULES = [
     (r"^scripts/slurm_train.sh$", "skip: submits to SLURM"),
     (r"^scripts/gpu_check.sh( \[OUT\])?$", "skip: needs a GPU (tests/test_gpu_check.py runs its --dry-run)"),
     (r"^scripts/gpu_check.sh --dry-run", "skip: tests/test_gpu_check.py runs it"),
+    (r"^scripts/gpu_wheels.sh", "skip: downloads wheels from the package index (for a GPU machine without one)"),
     (r"^pip install", "skip: installs into the environment (an optional extra or reference)"),
 ]
 
@@ -128,14 +131,56 @@ def plan(command: str) -> tuple[str, str]:
     return "run", command
 
 
+def doc_paths(root: Path) -> list[Path]:
+    """The docs whose commands run, in their order: README.md, docs/*.md (sorted), results/README.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "results" / "README.md"]
+
+
+def all_commands(root: Path) -> list[str]:
+    """Every doc's commands in one ordered list, each once (its first place)."""
+    commands = [command for path in doc_paths(root) for command in readme_commands(path.read_text())]
+    return list(dict.fromkeys(commands))
+
+
 def test_every_readme_command_has_a_plan_and_the_known_ones_are_found():
-    commands = readme_commands((ROOT / "README.md").read_text())
+    commands = all_commands(ROOT)
     for wanted in ("make demo", "python -m nmt.train -m model.clip=0,1,2,4,16,64,256",
                    "python -m nmt.train model.rel_value=false", "python -m experiments.param_count",
-                   "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de", "make demo UPDATES=400"):
-        assert wanted in commands
+                   "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de", "make demo UPDATES=400",
+                   "make train-smoke", "python -m nmt.kernels.resources", "python -m benchmarks.checkpoint_disk",
+                   "python -m nmt.export checkpoint=outputs/demo_shared/averaged.pt output=outputs/demo_shared/ct2",
+                   "python -m benchmarks.data", "python -m experiments.results_table --readme results/README.md",
+                   "make plots", "python -m experiments.reach --report"):
+        assert wanted in commands, wanted
+    for command in commands:
+        kind, what = plan(command)
+        assert kind in ("run", "skip", "mention") and what, command
+    assert commands.index("make demo") < commands.index(
+        "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de") < commands.index("make plots")
     assert plan("make demo UPDATES=400") == ("run", "make demo UPDATES=400 UPDATES=4 LINES=10")
     assert plan("make train-base")[0] == "skip" and plan("python -m experiments.param_count")[0] == "run"
+    assert plan("scripts/gpu_wheels.sh")[0] == "skip"
+
+
+def test_every_relative_link_in_the_docs_exists():
+    """[text](path) and ![alt](path) in README.md, docs/*.md and results/README.md, outside code blocks: each path,
+    relative to its doc, names a file or folder of the checkout (http(s) links and #anchors are not checked)."""
+    missing = []
+    for path in doc_paths(ROOT):
+        text = re.sub(r"(?ms)^\s*```.*?^\s*```", "", path.read_text())
+        for target in LINK.findall(text):
+            if re.match(r"^(https?:|mailto:|#)", target):
+                continue
+            file = target.split("#", 1)[0]
+            if not (path.parent / file).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not missing, missing
+    assert len(doc_paths(ROOT)) >= 7 and all(p.exists() for p in doc_paths(ROOT))
+
+
+def test_readme_has_at_most_250_lines():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; the detail goes to docs/ or results/README.md"
 
 
 def checkout_copy(tmp_path: Path) -> Path:
@@ -156,21 +201,23 @@ def checkout_copy(tmp_path: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs(tmp_path):
     copy = checkout_copy(tmp_path)
     venv_bin = copy / ".venv" / "bin"
     env = {**os.environ, "PYTHONPATH": str(copy), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
     env.pop("TRITON_INTERPRET", None)  # as a user's shell has it
     ran, skipped = [], []
-    for command in readme_commands((copy / "README.md").read_text()):
+    for command in all_commands(copy):
         kind, what = plan(command)
         if kind != "run":
             skipped.append((command, what))
             continue
-        done = subprocess.run(["bash", "-c", what], cwd=copy, env=env, capture_output=True, text=True, timeout=900)
+        done = subprocess.run(["bash", "-c", what], cwd=copy, env=env, capture_output=True, text=True, timeout=900,
+                              check=False)
         output = done.stdout + done.stderr
         assert done.returncode == 0 and "Traceback (most recent call last)" not in output, \
-            f"README command failed: {command}\nran: {what}\nexit {done.returncode}\n{output[-4000:]}"
+            f"doc command failed: {command}\nran: {what}\nexit {done.returncode}\n{output[-4000:]}"
         ran.append(command)
     assert len(ran) >= 20, ran
-    print(f"ran {len(ran)} README commands; skipped {len(skipped)}:", *(f"  {c}: {w}" for c, w in skipped), sep="\n")
+    print(f"ran {len(ran)} doc commands; skipped {len(skipped)}:", *(f"  {c}: {w}" for c, w in skipped), sep="\n")

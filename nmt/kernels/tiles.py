@@ -15,7 +15,7 @@ GRID_LIMITS = (2**31 - 1, 65_535)
 @dataclass(frozen=True)
 class Tiles:
     """Block shapes and warps of one launch, chosen from compiles for sm_90 and sm_80 without spills
-    (python -m nmt.kernels.resources; the README's table): 64 x 64 tiles spilled up to 3.5 KB per thread."""
+    (python -m nmt.kernels.resources; docs/gpu.md's table): 64 x 64 tiles spilled up to 3.5 KB per thread."""
 
     block_m: int  # query rows per program
     block_n: int  # keys per inner step (and per program in the dK/dV kernel)

@@ -197,12 +197,13 @@ OUTPUT_FOLDERS = ("train.output_dir",)  # the fields that name a job's own outpu
 
 
 def hydra_run_dir(args: list[str]) -> list[str]:
-    """The arguments, with Hydra's run folder set to the job's output folder where the user names one: Hydra makes its
-    run folder before the job starts, and its default (outputs/<preset>...) would be left behind empty."""
+    """The arguments, with Hydra's run folder the working directory where the user names the job's output folder:
+    Hydra makes its run folder before the job starts, and its default (outputs/<preset>...) would be left behind
+    empty; the job makes its own folder once its checks pass (a refused job writes nothing)."""
     named = [arg.split("=", 1)[1] for arg in args if arg.split("=", 1)[0] in OUTPUT_FOLDERS and "=" in arg]
     if not named or any(arg.startswith(("hydra.run.dir=", "-m", "--multirun", "hydra.mode=")) for arg in args):
         return args
-    return [*args, f"hydra.run.dir={named[-1]}"]
+    return [*args, "hydra.run.dir=."]
 
 
 def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):

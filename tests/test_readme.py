@@ -65,6 +65,8 @@ RULES = [
     (r"^python -m benchmarks.data$", " --pairs 20000"),
     (r"^python -m benchmarks.checkpoint_disk$", " --presets base --vocab-size 1000"),
     (r"^python -m experiments.sweep ", " --dry-run"),
+    (r"^python -m experiments.results_table --readme results/README.md$",
+     "skip: make plots, which runs before it, runs this very command (3 minutes)"),
     (r"^python -m experiments.reach --report", ""),
     (r"^python -m experiments.extrapolate --report", ""),
     (r"^python -m experiments.extrapolate",

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from nmt.attention import KV, MultiHeadAttention
 from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
+from nmt.dropout import Dropout
 from nmt.kernels.cases import Case
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block
@@ -20,7 +21,7 @@ from nmt.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, i
 
 class FeedForward(nn.Sequential):
     def __init__(self, d_model: int, ffn_dim: int, dropout: float):
-        super().__init__(nn.Linear(d_model, ffn_dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ffn_dim, d_model))
+        super().__init__(nn.Linear(d_model, ffn_dim), nn.ReLU(), Dropout(dropout), nn.Linear(ffn_dim, d_model))
 
 
 class Sublayer(nn.Module):
@@ -29,7 +30,7 @@ class Sublayer(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm: Norm):
         super().__init__()
         self.norm, self.pre = nn.LayerNorm(d_model), norm == Norm.pre
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, fn) -> Tensor:
         if self.pre:
@@ -166,7 +167,7 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
         nn.init.normal_(self.embed.weight, 0.0, cfg.d_model**-0.5)
         nn.init.zeros_(self.embed.weight[PAD])
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         self.output_linear = tied_output  # the output projection's GEMM (nmt.cpu_linear swaps it for decoding)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, backend) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.decoder_layers))

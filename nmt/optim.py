@@ -51,9 +51,18 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, d_model: int,
     return lr
 
 
+FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch.optim.Adam has one fused kernel for all parameters
+
+
 def make_optimizer(parameters, optim: OptimConfig) -> torch.optim.Adam:
-    """Adam (beta1, beta2, eps from the config); the schedule sets the rate before every update."""
-    return torch.optim.Adam(parameters, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    """Adam (beta1, beta2, eps from the config); the schedule sets the rate before every update.
+
+    Fused where PyTorch has it: one kernel over all parameters instead of a dozen operations per parameter (on a
+    CPU, 0.5 s of a `tiny` update's 3 at 2 threads: benchmarks/train_parts.py). The trainer unscales and checks
+    the gradients itself, so the fused step sees plain gradients, as the loop did."""
+    parameters = list(parameters)
+    fused = bool(parameters) and all(p.device.type in FUSED_ADAM_DEVICES for p in parameters)
+    return torch.optim.Adam(parameters, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=fused)
 
 
 def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, step: bool) -> None:

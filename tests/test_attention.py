@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt.attention import MultiHeadAttention, relation_aware_attention, relative_buckets
+from nmt.dropout import keep_mask
 
 
 def literal_attention(q, k, v, rel_k, rel_v, clip, key_padding_mask=None, causal=False, q_offset=0):
@@ -204,8 +205,8 @@ def reference_with_dropout(q, k, v, rk, rv, clip, p):
     gather = lambda t: t.gather(-1, b.expand(*t.shape[:-1], -1))  # noqa: E731
     scores = (q @ k.transpose(-1, -2) + gather(torch.einsum("bhnd,hrd->bhnr", q, rk))) * scale
     probs = scores.softmax(-1)
-    keep = torch.rand_like(probs) >= p
-    dropped = probs * keep / (1 - p)
+    keep, keep_scale = keep_mask(probs.shape, p, probs.device)
+    dropped = probs * keep * keep_scale
     one_hot = F.one_hot(b, 2 * clip + 1).to(q.dtype)
     return dropped @ v + torch.einsum("bhij,ijr,hrd->bhid", dropped, one_hot, rv)
 

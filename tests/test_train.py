@@ -24,7 +24,7 @@ from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
 from nmt.data.shards import EncodedSplit
 from nmt.loss import smoothed_loss
-from nmt.optim import inverse_sqrt_lr, linear_decay_lr, peak_lr
+from nmt.optim import inverse_sqrt_lr, linear_decay_lr, make_optimizer, peak_lr, set_learning_rate
 from nmt.train import run
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
 
@@ -60,6 +60,26 @@ def test_linear_decay_schedule():
     assert linear_decay_lr(300, d, w, total, scale=3.0) == pytest.approx(3 * linear_decay_lr(300, d, w, total))
 
 
+def test_adam_is_fused_on_a_cpu_and_steps_as_its_loop_does():
+    torch.manual_seed(0)
+    weights = [torch.randn(64, 32), torch.randn(32)]
+    fused_params, loop_params = ([w.clone().requires_grad_() for w in weights] for _ in range(2))
+    optim = OptimConfig()
+    fused = make_optimizer(fused_params, optim)
+    loop = torch.optim.Adam(loop_params, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=False)
+    assert fused.param_groups[0]["fused"]
+    for step in range(1, 6):
+        grads = [torch.randn_like(w) for w in weights]
+        for optimizer, params in ((fused, fused_params), (loop, loop_params)):
+            set_learning_rate(optimizer, step, 256, optim, 10)
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b, w in zip(fused_params, loop_params, weights):
+        assert not torch.equal(a, w)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
 def test_smoothed_loss_matches_cross_entropy():
     logits, target = torch.randn(2, 5, 11), torch.randint(1, 11, (2, 5))
     target[1, 3:] = 0  # PAD
@@ -69,6 +89,31 @@ def test_smoothed_loss_matches_cross_entropy():
     torch.testing.assert_close(loss, want)
     torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(
         logits.flatten(0, 1), target.flatten(), ignore_index=0, reduction="sum"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_smoothed_loss_gradients_are_cross_entropys(dtype):
+    """nmt/loss.py's hand-written backward (softmax - eps / V - (1 - eps) onehot) against autograd through
+    F.cross_entropy, for any weights of the two outputs, padding included."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 6, 17, dtype=dtype, requires_grad=True)
+    target = torch.randint(1, 17, (3, 6))
+    target[2, 2:] = 0
+    loss, nll = smoothed_loss(logits, target, 0.1)
+    got = torch.autograd.grad(loss + 0.3 * nll, logits)[0]
+    ce = lambda smoothing: torch.nn.functional.cross_entropy(  # noqa: E731
+        logits.flatten(0, 1), target.flatten(), ignore_index=0, label_smoothing=smoothing, reduction="sum")
+    want = torch.autograd.grad(ce(0.1) + 0.3 * ce(0.0), logits)[0]
+    torch.testing.assert_close(got, want)
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda z: smoothed_loss(z, target, 0.1), (logits,))
+
+
+def test_smoothed_loss_of_bf16_logits_is_float32_with_bf16_gradients():
+    logits = torch.randn(2, 5, 11).bfloat16().requires_grad_()
+    loss, _ = smoothed_loss(logits, torch.randint(1, 11, (2, 5)), 0.1)
+    loss.backward()
+    assert loss.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
 
 
 def test_smoothed_loss_has_no_data_dependent_shape():

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.dropout import dropout, keep_mask
 from nmt.kernels.window import EdgeWindow
 from nmt.masks import attention_mask
 
@@ -83,7 +84,7 @@ def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropou
     if keep is not None:
         probs = probs * keep * (1.0 / (1.0 - dropout_p))
     elif dropout_p > 0.0:
-        probs = F.dropout(probs, dropout_p)
+        probs = dropout(probs, dropout_p)
     if rel_v is None:
         return probs @ v
     one_hot = (buckets.unsqueeze(-1) == torch.arange(rel_v.shape[-2], device=q.device)).to(q.dtype)
@@ -173,32 +174,32 @@ class _RelativeAttention(torch.autograd.Function):
         keep = None
         dropped = probs
         if dropout_p > 0.0:
-            draw = probs.new_empty(probs.transpose(0, 1).shape).uniform_()  # drawn in (B, H) order
-            keep = draw.transpose(0, 1) >= dropout_p
-            dropped = probs * keep * (1.0 / (1.0 - dropout_p))
+            keep, keep_scale = keep_mask(probs.transpose(0, 1).shape, dropout_p, probs.device)  # in (B, H) order
+            keep = keep.transpose(0, 1)
+            dropped = probs * keep * keep_scale
         # Eq. 3: sum_j alpha_ij (v_j + w^V_{clip(j-i)}) = alpha @ v + (bucket masses) @ w^V
         num_buckets = rel_v.shape[-2]
         bucket_mass = _bucket_sums(dropped, buckets, num_buckets, _one_hot(buckets, num_buckets, q.dtype))
         out = _bmm(dropped, v, _edge_values(bucket_mass, rel_v))
         ctx.save_for_backward(q, k, v, rel_k, rel_v, buckets, probs, keep, out)
-        ctx.dropout_p, ctx.scale = dropout_p, scale
+        ctx.keep_scale, ctx.scale = (keep_scale if keep is not None else 1.0), scale
         return out.transpose(0, 1)  # (B, H, Nq, D)
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, rel_k, rel_v, buckets, probs, keep, out = ctx.saved_tensors
-        p, scale = ctx.dropout_p, ctx.scale
+        keep_scale, scale = ctx.keep_scale, ctx.scale
         num_buckets = rel_v.shape[-2]
         one_hot = _one_hot(buckets, num_buckets, q.dtype)
         grad_out = grad_out.transpose(0, 1).contiguous()  # (H, B, Nq, D)
-        dropped = probs if keep is None else probs * keep * (1.0 / (1.0 - p))
+        dropped = probs if keep is None else probs * keep * keep_scale
         grad_v = _bmm(dropped.transpose(-1, -2), grad_out)
         grad_rel_v = _table_grad(_bucket_sums(dropped, buckets, num_buckets, one_hot), grad_out, rel_v.dim() == 2)
         # d alpha_ij = dO_i . (v_j + w^V_r(i,j))
         edge_grad = _edge_scores(grad_out, rel_v).gather(-1, buckets.expand(*grad_out.shape[:-1], -1))
         grad_probs = _bmm(grad_out, v.transpose(-1, -2), edge_grad)
         if keep is not None:
-            grad_probs = grad_probs * keep * (1.0 / (1.0 - p))
+            grad_probs = grad_probs * keep * keep_scale
         # softmax backward; sum_j alpha_ij d alpha_ij = dO_i . out_i (as in FlashAttention)
         delta = (grad_out * out).sum(-1, keepdim=True)
         grad_scores = grad_probs.sub_(delta).mul_(probs)  # masked entries have probs == 0

@@ -1,18 +1,17 @@
 """One `tiny` fp32 training update on a CPU, whole and in its parts, at 1 and 2 threads.
 
-    python -m benchmarks.train_parts [--repeats 10] [--threads 1 2] [--max-tokens 4096]
+    python -m benchmarks.train_parts [--repeats 10] [--threads 1 2] [--precision fp32|bf16] [--max-tokens 4096]
         [--output results/bench_train_parts.json]
 
-Real Multi30k batches of the demo's micro-batch (4,096 tokens), the trainer's own model and Adam, fp32 (the path of
-a CPU without native bf16, forced where the CPU has it). Three measurements, each a median of interleaved repeats
-(nmt.timing) in one process, thread counts one after the other:
+Real Multi30k batches of the demo's micro-batch (4,096 tokens), the trainer's own model and Adam; fp32, the path
+of a CPU without native bf16, forced where the CPU has it (--precision bf16: the autocast of one with it). Each
+figure is a median of interleaved repeats (nmt.timing) in one process, the thread counts one after the other:
 
-1. The whole update (forward, loss, backward, Adam) with PyTorch's dropout and composite loss (`pytorch`) against
-   relnmt's (`relnmt`: nmt/dropout.py, nmt/loss.py), and with Adam's fused CPU step on top (`relnmt+fused adam`).
-2. Its parts: torch.profiler's self time per operator over the same updates, summed into the linear layers'
-   GEMMs, the output projection's, attention's batched GEMMs, the dropout draws, the loss, the optimizer step and
-   the rest; and the data (one batch cut and collated on the host; the trainer's prefetch thread does it off the
-   step's path).
+1. The whole update (forward, loss, backward, Adam), one change at a time: PyTorch's dropout, composite loss and
+   Adam loop (`pytorch`), relnmt's dropout and loss (nmt/dropout.py, nmt/loss.py), then Adam's fused step (today).
+2. Its parts, each isolated at the batch's shapes: the GEMMs (from 3), the loss forward and backward, the dropout
+   sites outside attention forward and backward, Adam's step; the rest is the whole less the parts. The data (a
+   batch cut and collated on the host) is timed too; the trainer's prefetch thread does it off the step's path.
 3. Each GEMM shape of the update and each direction (forward y = x W^T, input gradient dy W, weight gradient
    dy^T x) through MKL (torch.mm, PyTorch's float32 GEMM on a CPU) and through oneDNN
    (torch.ops.mkldnn._linear_pointwise, what nmt/cpu_linear.py uses for decoding), operands already in the layout
@@ -25,7 +24,6 @@ import argparse
 import json
 import statistics
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -54,16 +52,18 @@ class Variant:
     """Switches a model between PyTorch's dropout and loss and relnmt's, and Adam between its loops and its fused
     CPU step (the same parameters and state: only the implementation changes)."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp_dtype: torch.dtype | None):
         import nmt.kernels.torch_attention as torch_attention
         from nmt.dropout import Dropout, keep_mask
         from nmt.loss import smoothed_loss
+        from nmt.runtime import autocast
 
-        self.model, self.optimizer, self.attention = model, optimizer, torch_attention
+        self.model, self.optimizer, self.attention, self.amp_dtype = model, optimizer, torch_attention, amp_dtype
         self.dropouts = [m for m in model.modules() if isinstance(m, nn.Dropout)]
         self.classes = {"pytorch": nn.Dropout, "relnmt": Dropout}
         self.losses = {"pytorch": pytorch_loss, "relnmt": smoothed_loss}
         self.masks = {"pytorch": pytorch_keep_mask, "relnmt": keep_mask}
+        self.autocast = autocast
 
     def set(self, name: str) -> None:
         implementation, fused = VARIANTS[name]
@@ -75,7 +75,7 @@ class Variant:
             group["fused"] = fused
 
     def update(self, batch, epsilon: float = 0.1) -> None:
-        with torch.profiler.record_function("forward"):
+        with torch.profiler.record_function("forward"), self.autocast(torch.device("cpu"), self.amp_dtype):
             logits = self.model(batch.src, batch.tgt_in)
         with torch.profiler.record_function("loss"):
             loss, _ = self.loss(logits, batch.tgt_out, epsilon)
@@ -92,40 +92,62 @@ VARIANTS = {"pytorch": ("pytorch", False), "+ relnmt dropout, loss": ("relnmt", 
 TODAY = "+ fused adam"
 
 
-def category(name: str, shapes: list, vocab: int) -> str:
-    """The part of the update an operator's self time belongs to."""
-    if name in ("aten::mm", "aten::addmm"):
-        return "output projection GEMMs" if any(vocab in s for s in shapes if s) else "linear layer GEMMs"
-    if name in ("aten::bmm", "aten::baddbmm"):
-        return "attention GEMMs"
-    if name in ("aten::bernoulli_", "aten::uniform_", "aten::random_", "aten::native_dropout"):
-        return "dropout draws"
-    if name in ("aten::log_softmax", "aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::logsumexp",
-                "aten::gather", "aten::scatter_add_", "aten::exp_", "aten::exp", "aten::mean", "aten::div"):
-        return "loss"
-    return "other"
+def part_times(variant: Variant, batch, cfg, vocab: int, repeats: int, p: float = 0.1) -> dict[str, float]:
+    """Seconds of the isolated parts of one update at this batch's shapes, PyTorch's and relnmt's side by side:
+    the loss forward and backward from the logits, every dropout site of the model outside attention (embeddings,
+    residuals, FFN hidden; forward and backward) and Adam's step over the model's parameters."""
+    from torch.nn import functional as F
+
+    from nmt.dropout import dropout
+    from nmt.loss import smoothed_loss
+
+    (b, ns), nt = batch.src.shape, batch.tgt_in.shape[1]
+    d, f, enc, dec = cfg.d_model, cfg.ffn_dim, cfg.encoder_layers, cfg.decoder_layers
+    sites = [(b, ns, d)] * (1 + 2 * enc) + [(b, ns, f)] * enc + [(b, nt, d)] * (1 + 3 * dec) + [(b, nt, f)] * dec
+    inputs = {shape: torch.randn(shape, requires_grad=True) for shape in set(sites)}
+    grads = {shape: torch.randn(shape) for shape in set(sites)}
+    logits = torch.randn(b, nt, vocab, requires_grad=True)
+    for param in variant.model.parameters():
+        param.grad = torch.randn_like(param) * 1e-3
+
+    def drop_all(fn):
+        for shape in sites:
+            fn(inputs[shape], p).backward(grads[shape])
+
+    def adam(fused: bool):
+        for group in variant.optimizer.param_groups:
+            group["fused"], group["lr"] = fused, 1e-4
+        variant.optimizer.step()
+
+    steps = {"loss pytorch": lambda: pytorch_loss(logits, batch.tgt_out, 0.1)[0].backward(),
+             "loss relnmt": lambda: smoothed_loss(logits, batch.tgt_out, 0.1)[0].backward(),
+             "dropout pytorch": lambda: drop_all(lambda x, p: F.dropout(x, p)),
+             "dropout relnmt": lambda: drop_all(dropout),
+             "adam loop": lambda: adam(False), "adam fused": lambda: adam(True)}
+    times = {k: statistics.median(v) for k, v in interleaved_samples(steps, repeats, "cpu").items()}
+    variant.optimizer.zero_grad(set_to_none=True)
+    return times
 
 
-def profile_parts(variant: Variant, batches: list, vocab: int, update_s: float) -> dict[str, float]:
-    """Seconds per update of each part: its share of torch.profiler's self time over a few updates (the profiler
-    slows small operators more than large ones: shares, not its times) times the measured median update."""
-    from torch.profiler import ProfilerActivity, profile
+def parts_table(update_s: dict[str, float], parts: dict[str, float], gemms: list[dict]) -> dict[str, dict]:
+    """Seconds per update of each part, before (PyTorch's dropout, loss, Adam loop) and today; the rest (attention,
+    layer norms, embeddings, residual additions, the autograd engine) is the whole update less the parts."""
+    def gemm_s(rows):
+        return sum(r["uses"] * sum(r["ms"][f"{d} mkl"] for d in ("forward", "input grad", "weight grad"))
+                   for r in rows) / 1e3
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for batch in batches:
-            variant.update(batch)
-    parts: dict[str, float] = defaultdict(float)
-    optimizer_ops = {e.id for e in prof.events() if e.name == "optimizer"}
-    for event in prof.events():
-        if event.name in ("forward", "loss", "backward", "optimizer") or event.name.startswith("autograd::"):
-            continue
-        parent, in_optimizer = event.cpu_parent, False
-        while parent is not None and not in_optimizer:
-            in_optimizer, parent = parent.id in optimizer_ops, parent.cpu_parent
-        key = "optimizer step" if in_optimizer else category(event.name, event.input_shapes, vocab)
-        parts[key] += event.self_cpu_time_total
-    total = sum(parts.values())
-    return {k: update_s * v / total for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}
+    table = {}
+    for column, whole, implementation, adam in (("pytorch", update_s["pytorch"], "pytorch", "loop"),
+                                                ("today", update_s[TODAY], "relnmt", "fused")):
+        row = {"linear layer GEMMs (forward, both backward)": gemm_s(g for g in gemms if g["layer"] != "output projection"),
+               "output projection GEMMs": gemm_s(g for g in gemms if g["layer"] == "output projection"),
+               "loss (forward, backward)": parts[f"loss {implementation}"],
+               "dropout outside attention (forward, backward)": parts[f"dropout {implementation}"],
+               "optimizer step": parts[f"adam {adam}"]}
+        row["the rest: attention, layer norms, embeddings, autograd"] = whole - sum(row.values())
+        row["whole update"] = whole
+        table[column] = row
+    return table
 
 
 def gemm_shapes(cfg, vocab: int, src_rows: int, tgt_rows: int) -> list[tuple[str, int, int, int, int]]:
@@ -163,6 +185,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=10, help="interleaved rounds of each measurement")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: the autocast a CPU with native bf16 trains the demo in")
     parser.add_argument("--max-tokens", type=int, default=4096, help="the micro-batch (the demo's: 4096)")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench_train_parts.json")
     args = parser.parse_args()
@@ -173,7 +197,7 @@ def main() -> None:
     from nmt.runtime import machine, setup_env
     from nmt.train import Trainer
 
-    job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "train.device=cpu", "train.precision=fp32",
+    job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "train.device=cpu", f"train.precision={args.precision}",
                           f"train.max_tokens={args.max_tokens}", "train.update_freq=1", "train.compile=false",
                           "train.seed=0", f"train.output_dir={tempfile.mkdtemp()}"])
     prepare(job.data)  # reused when up to date
@@ -181,7 +205,7 @@ def main() -> None:
     stream = training_stream(trainer.data.train, job.train.max_tokens, job.train.seed, 0, 1, 0, 0)
     batches = [next(stream)[2] for _ in range(args.repeats + 2)]
     vocab = trainer.model.embed.num_embeddings
-    variant = Variant(trainer.model, trainer.optimizer)
+    variant = Variant(trainer.model, trainer.optimizer, trainer.amp_dtype)
     data_s = statistics.median(interleaved_samples({"data": lambda: next(stream)}, args.repeats, "cpu")["data"])
     src_rows = round(statistics.median(b.src.numel() for b in batches))
     tgt_rows = round(statistics.median(b.tgt_in.numel() for b in batches))
@@ -191,7 +215,7 @@ def main() -> None:
               "machine": machine(torch.device("cpu")),
               "torch": torch.__version__, "vocab": vocab, "padded_rows": {"source": src_rows, "target": tgt_rows},
               "data_s_per_batch": data_s, "threads": {}}
-    print(f"{report['machine']}; tiny fp32, micro-batch {args.max_tokens} tokens (median padded rows: source {src_rows}, target "
+    print(f"{report['machine']}; tiny {args.precision}, micro-batch {args.max_tokens} tokens (median padded rows: source {src_rows}, target "
           f"{tgt_rows}), vocabulary {vocab}; data: {1e3 * data_s:.1f} ms per batch on the host")
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -202,16 +226,15 @@ def main() -> None:
 
         whole = interleaved_samples({name: step(name) for name in VARIANTS}, args.repeats, "cpu")
         medians = {name: statistics.median(t) for name, t in whole.items()}
-        parts = {name: profile_parts((variant.set(name), variant)[1], batches[:3], vocab, medians[name])
-                 for name in ("pytorch", TODAY)}
         gemms = gemm_table(gemm_shapes(job.model, vocab, src_rows, tgt_rows), args.repeats)
+        parts = parts_table(medians, part_times(variant, batches[0], job.model, vocab, args.repeats), gemms)
         report["threads"][str(threads)] = {"update_s": medians, "parts_s": parts, "gemm_ms": gemms}
         print(f"\n{threads} thread(s): one update, median of {args.repeats} interleaved")
         for name, seconds in medians.items():
             print(f"  {name:24s} {seconds:6.3f} s   {medians['pytorch'] / seconds:5.2f}x")
-        print("  parts, s per update (profiler shares of the median)   pytorch    today")
-        for key in parts["pytorch"] | parts[TODAY]:
-            print(f"    {key:48s} {parts['pytorch'].get(key, 0.0):8.3f} {parts[TODAY].get(key, 0.0):8.3f}")
+        print("  parts, s per update (isolated, medians)                    pytorch    today")
+        for key in parts["today"]:
+            print(f"    {key:56s} {parts['pytorch'][key]:8.3f} {parts['today'][key]:8.3f}")
         print("  GEMMs, ms (MKL / oneDNN)          rows   in   out  uses   forward       input grad    weight grad")
         for row in gemms:
             ms = row["ms"]

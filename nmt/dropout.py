@@ -1,10 +1,11 @@
 """Dropout (Srivastava et al. 2014) whose CPU mask costs 16 random bits per element.
 
-PyTorch's CPU dropout draws one float per element (`bernoulli_`, one Mersenne-Twister call each, on one thread)
-and keeps a float mask for backward: 18 % of a `tiny` fp32 training update on 2 cores (benchmarks/train_parts.py).
-Here a CPU mask is cut from 64-bit words, four 16-bit lanes each, and kept as bools. An element is kept when its
-lane is at or above round(p * 2^16) of the 2^16 values, so the kept fraction is exactly 1 - round(p * 2^16) / 2^16
-(p = 0.1: 0.899994) and the kept values are scaled by its inverse: the expectation is x, as with F.dropout.
+PyTorch's CPU dropout draws one float per element (`bernoulli_`, one Mersenne-Twister call each, on one thread):
+dropout was 18 % of a `tiny` fp32 training update on a 2-core AMD EPYC, and this halves it or better
+(benchmarks/train_parts.py). Here a CPU mask is cut from 64-bit words, four 16-bit lanes each. An element is kept
+when its lane is at or above round(p * 2^16) of the 2^16 values, so the kept fraction is exactly
+1 - round(p * 2^16) / 2^16 (p = 0.1: 0.899994) and the kept values are scaled by its inverse: the expectation is
+x, as with F.dropout.
 On other devices F.dropout (one fused kernel) and torch.rand masks are already cheap and stay.
 """
 
@@ -31,19 +32,19 @@ def keep_mask(shape: tuple[int, ...], p: float, device: torch.device) -> tuple[T
     return lanes >= dropped - LANES // 2, LANES / (LANES - dropped)
 
 
-class _MaskedScale(torch.autograd.Function):
-    """x * keep * scale, saving only the boolean mask for backward (F.dropout's CPU path saves a float mask)."""
+class _Scaled(torch.autograd.Function):
+    """x * mask forward, grad * mask backward, for a mask already scaled and in x's dtype: two multiplications
+    of floats, where multiplying by the boolean mask and then by the scale took four passes (2x slower)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x.mul(keep).mul_(scale)
+    def forward(ctx, x: Tensor, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(mask)
+        return x * mask
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (keep,) = ctx.saved_tensors
-        return grad.mul(keep).mul_(ctx.scale), None, None
+        (mask,) = ctx.saved_tensors
+        return grad * mask, None
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
@@ -53,7 +54,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if x.device.type != "cpu":
         return F.dropout(x, p, training=True)
     keep, scale = keep_mask(tuple(x.shape), p, x.device)
-    return _MaskedScale.apply(x, keep, scale)
+    return _Scaled.apply(x, keep.to(x.dtype).mul_(scale))
 
 
 class Dropout(nn.Dropout):

@@ -1,11 +1,11 @@
-"""What relative attention costs at inference: decoding with relative against absolute positions, same sizes (and
-Shaw's descendants, `--positions relative absolute t5 alibi rope`).
+"""What relative attention costs at inference: decoding with relative positions and Shaw's descendants against
+absolute positions, same sizes.
 
     python -m benchmarks.decode_cost [--preset tiny] [--sentences 256] [--steps 60] [--repeats 5] [--threads 2]
-                                        [--positions relative absolute] [--device cpu] [--output results/decode_cost.json]
-    python -m benchmarks.decode_cost --report results/descendants_decode_cost.json   # its table, in Markdown
+                                        [--positions relative absolute t5 alibi rope] [--device cpu] [--output results/decode_cost.json]
+    python -m benchmarks.decode_cost --report results/decode_cost.json   # its table, in Markdown
 
-The paper reports training speed only. Here, for each position mode (relative and absolute by default), the same preset (random
+The paper reports training speed only. Here, for each position mode (every mode with positions inside attention, and absolute), the same preset (random
 weights: a decoder step does the same work whatever the weights, and the output length is fixed here at --steps so
 both models take the same number of steps) decodes the first --sentences test sources (this project's vocabulary):
 - greedy and beam 4 (4 hypotheses per source, the cache reordered every step as nmt.search does), with the
@@ -102,7 +102,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--positions", nargs="+", default=["relative", "absolute"])
+    parser.add_argument("--positions", nargs="+", default=["relative", "absolute", "t5", "alibi", "rope"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default="results/decode_cost.json")
     parser.add_argument("--report", type=Path, help="print the table of this earlier run's JSON and stop")

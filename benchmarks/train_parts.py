@@ -4,8 +4,9 @@
         [--output results/bench_train_parts.json]
 
 Real Multi30k batches of the demo's micro-batch (4,096 tokens), the trainer's own model and Adam; fp32, the path
-of a CPU without native bf16, forced where the CPU has it (--precision bf16: the autocast of one with it). Each
-figure is a median of interleaved repeats (nmt.timing) in one process, the thread counts one after the other:
+of a CPU without native bf16, forced where the CPU has it (--precision bf16: the autocast of one with it, the whole
+update only). Each figure is a median of interleaved repeats (nmt.timing) in one process, the thread counts one
+after the other:
 
 1. The whole update (forward, loss, backward, Adam), one change at a time: PyTorch's dropout, composite loss and
    Adam loop (`pytorch`), relnmt's dropout and loss (nmt/dropout.py, nmt/loss.py), then Adam's fused step (today).
@@ -226,12 +227,16 @@ def main() -> None:
 
         whole = interleaved_samples({name: step(name) for name in VARIANTS}, args.repeats, "cpu")
         medians = {name: statistics.median(t) for name, t in whole.items()}
-        gemms = gemm_table(gemm_shapes(job.model, vocab, src_rows, tgt_rows), args.repeats)
-        parts = parts_table(medians, part_times(variant, batches[0], job.model, vocab, args.repeats), gemms)
+        gemms, parts = [], {}
+        if args.precision == "fp32":  # the parts are timed in fp32: under autocast they would not add up
+            gemms = gemm_table(gemm_shapes(job.model, vocab, src_rows, tgt_rows), args.repeats)
+            parts = parts_table(medians, part_times(variant, batches[0], job.model, vocab, args.repeats), gemms)
         report["threads"][str(threads)] = {"update_s": medians, "parts_s": parts, "gemm_ms": gemms}
         print(f"\n{threads} thread(s): one update, median of {args.repeats} interleaved")
         for name, seconds in medians.items():
             print(f"  {name:24s} {seconds:6.3f} s   {medians['pytorch'] / seconds:5.2f}x")
+        if not parts:
+            continue
         print("  parts, s per update (isolated, medians)                    pytorch    today")
         for key in parts["today"]:
             print(f"    {key:56s} {parts['pytorch'][key]:8.3f} {parts['today'][key]:8.3f}")

@@ -2,9 +2,12 @@
 
     python -m experiments.results_table [--readme results/README.md] [--samples 1000] [--blocks descendants ...]
 
-Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and the paired bootstrap
-test of sacrebleu (`--paired-bs`; 1,000 resamples, seed 12345) of the row against its table's reference
-row, on the concatenation of the seeds' hypotheses (seed k against seed k). Every run's BLEU, chrF and
+Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and two tests of the row against
+its table's reference row. The verdict's: Welch's t-test on the per-seed BLEU (experiments/significance.py: the
+seed is the unit, so the p-value counts seed variance; no p-value for a row of fewer than 3 seeds). Beside it,
+sacrebleu's paired bootstrap (`--paired-bs`; 1,000 resamples, seed 12345) on the concatenation of the seeds'
+hypotheses (seed k against seed k), which resamples sentences only: it shows whether the test set could tell the
+two systems apart, not whether other seeds would; 0.001 is its floor at 1,000 resamples. Every run's BLEU, chrF and
 compound-split BLEU are scored again from its committed hypotheses and the bundled references; a record that
 disagrees stops the script, naming its file. With --readme (results/README.md, as make plots writes it), the
 text between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is replaced by the table NAME.
@@ -20,6 +23,8 @@ import re
 import statistics
 import sys
 from pathlib import Path
+
+from experiments.significance import seed_p
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz"
@@ -134,8 +139,9 @@ def parameters(result: dict) -> int:
 
 def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> str:
     counted = table == "descendants"  # the issue asks each row's parameter count beside its BLEU
-    lines = ["| row | seeds | sacreBLEU (mean ± std) | chrF | compound-split BLEU | paper | vs | p (paired bootstrap) |"
-             + (" parameters |" if counted else ""), "|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
+    lines = ["| row | seeds | sacreBLEU (mean ± std) | chrF | compound-split BLEU | paper | vs | p (seeds, Welch) "
+             "| p (sentences, paired bootstrap) |" + (" parameters |" if counted else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
     refs_by_pair = {}
     for name, seeds in rows.items():
         pair = next(iter(seeds.values()))["pair"]
@@ -146,13 +152,15 @@ def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> st
         references = [r for r in ((references,) if isinstance(references, str) else references)
                       if r in rows and set(rows[r]) & set(seeds)]
         against = " / ".join(references)
+        bleu = [r["bleu"] for r in results]
+        p_seeds = " / ".join(seed_p(bleu, [rows[r][s]["bleu"] for s in sorted(rows[r])]) for r in references)
         p = " / ".join(f"{paired_bootstrap(*seed_paired(seeds, rows[r], refs_by_pair[pair]), samples):.4f}"
                        for r in references)
         paper = PAPER.get(table, {}).get(name)
         lines.append(f"| {name} | {len(results)} | {mean_std([r['bleu'] for r in results])} | "
                      f"{statistics.mean(r['chrf'] for r in results):.2f} | "
                      f"{statistics.mean(r['compound_split_bleu'] for r in results):.2f} | "
-                     f"{paper if paper is not None else ''} | {against} | {p} |"
+                     f"{paper if paper is not None else ''} | {against} | {p_seeds} | {p} |"
                      + (f" {parameters(results[0]):,} |" if counted else ""))
     return "\n".join(lines)
 

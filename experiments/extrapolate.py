@@ -1,10 +1,21 @@
-"""Length extrapolation past anything in Multi30k: every position mode on experiments/reach.py's copy-at-distance task,
-trained on sequences of 40 symbols and evaluated on 40, 80, 160 and 320.
+"""Length extrapolation past anything in Multi30k: every position mode on two synthetic tasks, trained on sequences
+of 40 symbols and evaluated on 40, 80, 160 and 320.
 
-    python -m experiments.extrapolate [--modes relative:2 relative:8 relative:16 t5 alibi rope absolute none]
-                                  [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output results/extrapolate]
-    python -m experiments.extrapolate --report [--output results/extrapolate]   # the table and the plot from the runs
+    python -m experiments.extrapolate [--task offset|repeat] [--modes relative:2 relative:8 relative:16 t5 alibi rope
+                                  absolute none] [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output DIR]
+    python -m experiments.extrapolate --report [--task offset|repeat] [--output DIR]   # the table and the plot
 
+--task offset (the default; OUTPUT results/extrapolate) is experiments/reach.py's copy-at-distance task: its
+offsets are bounded (at most 24) at every length, so it measures invariance to length at offsets seen in training.
+--task repeat (OUTPUT results/extrapolate_repeat) is the test of dependencies longer than any in training: a
+sequence is N / 2 distinct random symbols (of 256) followed by the same N / 2 again, and the answer at each position
+of the second half is the symbol that followed the current one in the first half (position j - N/2 + 1): the
+attended offset is N / 2 - 1, 19 in training and up to 159 at 320. It needs no distance resolved beyond 1 (find
+the previous token; then match content at whatever distance): a window k >= 1 holds everything it needs, a scheme
+that distinguishes far offsets or absolute positions meets values never trained. Chance is 1 / 256 (1 / (N / 2)
+for a model that at least copies a symbol of the first half).
+
+The offset task:
 Why this task: the answer at position j is the symbol d places to its left (d = 1..24, carried by every token, as
 in reach.py), at every length. A longer sequence asks nothing new, only more of the same at positions and lengths
 never seen in training: accuracy at 80, 160 and 320 against accuracy at 40 is extrapolation and nothing else. A
@@ -15,8 +26,8 @@ d = 21 is what T5's logarithmic buckets give up (distances 16 to 128 share 8 buc
 distance K), `t5`, `alibi`, `rope`, `absolute` (sinusoids) and `none` (no position at all: the floor).
 
 Each (mode, seed) run trains --layers encoder layers (d = 64, 4 heads) for --updates updates of 64 sequences of 40
-(a budget in updates) and writes OUTPUT/<mode>_seed<s>.json: accuracy at each evaluation length over d = 1..24 (128
-fresh sequences per d and length), and by d.
+(a budget in updates) and writes OUTPUT/<mode>_seed<s>.json: accuracy at each evaluation length (offset: over
+d = 1..24, 128 fresh sequences per d and length, and by d; repeat: over the second halves of 512 fresh sequences).
 """
 
 from __future__ import annotations
@@ -27,19 +38,51 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from experiments.grid import Cell, read_records, run_grid, write_record
-from experiments.reach import LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
+from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
 from nmt.cli import ends_in_one_line
 
 MODES = ["relative:2", "relative:8", "relative:16", "t5", "alibi", "rope", "absolute", "none"]
 EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
 PER_DISTANCE = 128
+REPEAT_SYMBOLS = 256  # distinct symbols: the first half of the longest sequence (160) never repeats one
+REPEAT_EVAL = 512  # fresh sequences per evaluation length
+OUTPUTS = {"offset": Path("results/extrapolate"), "repeat": Path("results/extrapolate_repeat")}
 
 
-def model_for(mode: str, layers: int) -> Tagger:
+def model_for(mode: str, layers: int, task: str = "offset") -> Tagger:
     position, _, clip = mode.partition(":")
-    return Tagger(layers, int(clip or 16), position=position)
+    sizes = {"vocab": FIRST_TOKEN + REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
+    return Tagger(layers, int(clip or 16), position=position, **sizes)
+
+
+def repeat_batch(n: int, generator: torch.Generator, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (n, length), targets (n, length)): N/2 distinct symbols twice; in the second half the target is the
+    symbol after the current one's first occurrence (-100 in the first half)."""
+    half = length // 2
+    first = torch.rand(n, REPEAT_SYMBOLS, generator=generator).argsort(-1)[:, :half]  # distinct symbols per row
+    symbols = torch.cat([first, first], 1)
+    targets = torch.full_like(symbols, -100)
+    targets[:, half:-1] = first[:, 1:]  # position half + i holds first[i]; the symbol after it is first[i + 1]
+    targets[:, -1] = -100  # the last symbol's successor would be the second half's first: not in the first half
+    return FIRST_TOKEN + symbols, targets
+
+
+def repeat_loss(generator: torch.Generator):
+    def loss(model):
+        tokens, targets = repeat_batch(64, generator, LENGTH)
+        return F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten(), ignore_index=-100)
+    return loss
+
+
+def repeat_accuracy(model: Tagger, length: int, seed: int) -> float:
+    tokens, targets = repeat_batch(REPEAT_EVAL, torch.Generator().manual_seed(20_000 + seed), length)
+    keep = targets >= 0
+    with torch.no_grad():
+        predicted = torch.cat([model(t).argmax(-1) for t in tokens.split(64)])
+    return float((predicted == targets)[keep].float().mean())
 
 
 def accuracy(model: Tagger, length: int, seed: int) -> list[float]:
@@ -54,18 +97,24 @@ def accuracy(model: Tagger, length: int, seed: int) -> list[float]:
     return found
 
 
-def run_one(mode: str, seed: int, layers: int, updates: int, output: Path) -> str:
+def run_one(mode: str, seed: int, layers: int, updates: int, output: Path, task: str = "offset") -> str:
     torch.manual_seed(seed)
-    model = model_for(mode, layers)
+    model = model_for(mode, layers, task)
     start = time.monotonic()
-    final_loss = fit(model, updates, copy_loss(torch.Generator().manual_seed(seed)))
+    generator = torch.Generator().manual_seed(seed)
+    final_loss = fit(model, updates, repeat_loss(generator) if task == "repeat" else copy_loss(generator))
     model.eval()
-    by_length = {str(n): accuracy(model, n, seed) for n in EVAL_LENGTHS}
-    result = {"mode": mode, "seed": seed, "layers": layers, "updates": updates, "train_length": LENGTH,
-              "final_loss": final_loss, "accuracy": {n: statistics.mean(a) for n, a in by_length.items()},
-              "accuracy_by_distance": by_length, "minutes": round((time.monotonic() - start) / 60, 2),
-              "command": f"python -m experiments.extrapolate --modes {mode} --seeds {seed} --layers {layers} "
-                         f"--updates {updates}"}
+    if task == "repeat":
+        by_length, mean_accuracy = {}, {str(n): repeat_accuracy(model, n, seed) for n in EVAL_LENGTHS}
+    else:
+        by_length = {str(n): accuracy(model, n, seed) for n in EVAL_LENGTHS}
+        mean_accuracy = {n: statistics.mean(a) for n, a in by_length.items()}
+    result = {"task": task, "mode": mode, "seed": seed, "layers": layers, "updates": updates, "train_length": LENGTH,
+              "final_loss": final_loss, "accuracy": mean_accuracy,
+              **({"accuracy_by_distance": by_length} if by_length else {}),
+              "minutes": round((time.monotonic() - start) / 60, 2),
+              "command": f"python -m experiments.extrapolate --task {task} --modes {mode} --seeds {seed} "
+                         f"--layers {layers} --updates {updates}"}
     write_record(record_path(output, mode, seed), result)
     return (f"{mode} seed {seed}: " + ", ".join(f"{n}: {a:.3f}" for n, a in result["accuracy"].items())
             + f" ({result['minutes']:.1f} min)")
@@ -82,11 +131,17 @@ def report(output: Path) -> str:
         runs.setdefault(run["mode"], []).append(run)
     modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES))
     lengths = [str(n) for n in EVAL_LENGTHS]
+    by_distance = all("accuracy_by_distance" in r for rs in runs.values() for r in rs)  # the offset task
     lines = ["| mode | seeds | " + " | ".join(f"length {n}" for n in lengths)
-             + " | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |", "|---|---|" + "---|" * (len(lengths) + 2)]
+             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance else " | each seed at 320 |"),
+             "|---|---|" + "---|" * (len(lengths) + (2 if by_distance else 1))]
     for mode in modes:
         rs = runs[mode]
         cells = [f"{statistics.mean(r['accuracy'][n] for r in rs):.3f}" for n in lengths]
+        if not by_distance:
+            seeds = " / ".join(f"{r['accuracy'][lengths[-1]]:.3f}" for r in sorted(rs, key=lambda r: r["seed"]))
+            lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells) + f" | {seeds} |")
+            continue
 
         def near_far(n: str) -> str:
             near = statistics.mean(a for r in rs for a in r["accuracy_by_distance"][n][:8])
@@ -97,11 +152,12 @@ def report(output: Path) -> str:
                      f"{near_far(lengths[-1])} |")
     text = "\n".join(lines)
     (output / "table.md").write_text(text + "\n")
-    plot(runs, modes, lengths, output / "extrapolate.png")
+    plot(runs, modes, lengths, output / "extrapolate.png",
+         "accuracy, d = 1..24" if by_distance else "accuracy, second halves")
     return text
 
 
-def plot(runs: dict, modes: list[str], lengths: list[str], path: Path) -> None:
+def plot(runs: dict, modes: list[str], lengths: list[str], path: Path, ylabel: str = "accuracy, d = 1..24") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,7 +171,7 @@ def plot(runs: dict, modes: list[str], lengths: list[str], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks([int(n) for n in lengths], lengths)
     ax.set_xlabel("evaluation length (trained at 40)")
-    ax.set_ylabel("accuracy, d = 1..24")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.02)
     ax.legend(fontsize=7, ncol=2)
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -128,12 +184,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--updates", type=int, default=1500)
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
-    parser.add_argument("--output", type=Path, default=Path("results/extrapolate"))
+    parser.add_argument("--task", choices=sorted(OUTPUTS), default="offset")
+    parser.add_argument("--output", type=Path, help="default: results/extrapolate (offset), results/extrapolate_repeat")
     parser.add_argument("--report", action="store_true", help="only the table and plot from finished runs")
     args = parser.parse_args()
+    args.output = args.output or OUTPUTS[args.task]
     args.output.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        run_grid(run_one, [Cell(record_path(args.output, m, s), (m, s, args.layers, args.updates, args.output))
+        run_grid(run_one, [Cell(record_path(args.output, m, s),
+                                (m, s, args.layers, args.updates, args.output, args.task))
                            for s in args.seeds for m in args.modes], args.jobs)
     print(report(args.output))
 

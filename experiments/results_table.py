@@ -45,6 +45,8 @@ REFERENCE = {
     "descendants": {**{f"{pair}.relative": f"{pair}.absolute" for pair in ("en-de", "en-fr")},
                     **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then Shaw
                        for pair in ("en-de", "en-fr") for row in ("learned", "both", "none", "t5", "alibi")},
+                    # T5 with 10x the rate for its bias tables: against sinusoids, then T5 at the shared rate
+                    "en-de.t5_lr10": ("en-de.absolute", "en-de.t5"),
                     # RoPE also against the best of the earlier rows, sinusoids with edge tables
                     **{f"{pair}.rope": (f"{pair}.absolute", f"{pair}.relative", f"{pair}.both")
                        for pair in ("en-de", "en-fr")}},
@@ -54,7 +56,8 @@ REFERENCE = {
 }
 DESCENDANTS = ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")
 ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
-         "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr") for row in DESCENDANTS],
+         "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr")
+                         for row in (*DESCENDANTS[:6], *(("t5_lr10",) if pair == "en-de" else ()), *DESCENDANTS[6:])],
          "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 

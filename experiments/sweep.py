@@ -67,10 +67,13 @@ TABLES = {
     # Shaw against its descendants (T5's bucketed bias, ALiBi, RoPE) on Table 1's recipe, beside the position rows
     # run before: absolute and relative are Table 1's runs, learned and both Beyond's, En-De's none Table 3's
     # "neither" (copied, not trained again).
+    # en-de.t5_lr10: T5 with 10x the learning rate for its bias tables, the test of whether their few updates, not
+    # the scheme, put T5 below sinusoids.
     "descendants": {"seeds": [1, 2, 3], "rows": {
-        f"{pair}.{position}": (pair, DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]))
-        for pair in ("en-de", "en-fr")
-        for position in ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")
+        **{f"{pair}.{position}": (pair, DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]))
+           for pair in ("en-de", "en-fr")
+           for position in ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")},
+        "en-de.t5_lr10": ("en-de", ["model.position=t5", "optim.bias_lr_scale=10"]),
     }},
     "length": {"seeds": [1, 2], "rows": {
         "absolute": ("en-de", ["model.position=absolute"]),

@@ -120,6 +120,9 @@ class OptimConfig:
     eps: float = 1e-9  # Adam's epsilon
     label_smoothing: float = 0.1  # epsilon_ls of the label-smoothed loss
     clip_norm: float = 0.0  # 0 = no clipping (the paper's recipe); the norm is logged either way
+    # position=t5: the learning rate of T5's bias tables over everything else's. The tables are a few hundred
+    # scalars that the shared schedule moves by about one logit in a 600-update run (results/README.md tests this).
+    bias_lr_scale: float = 1.0
 
     def check(self) -> "OptimConfig":
         self.schedule = Schedule(self.schedule)
@@ -130,6 +133,7 @@ class OptimConfig:
         require(self.eps > 0, "optim.eps", self.eps, "> 0")
         require(0 <= self.label_smoothing < 1, "optim.label_smoothing", self.label_smoothing, "in [0, 1)")
         require(self.clip_norm >= 0, "optim.clip_norm", self.clip_norm, ">= 0 (0 = no clipping)")
+        require(self.bias_lr_scale > 0, "optim.bias_lr_scale", self.bias_lr_scale, "> 0")
         return self
 
 

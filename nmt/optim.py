@@ -44,25 +44,33 @@ def learning_rate(step: int, d_model: int, optim: OptimConfig, total: int) -> fl
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, step: int, d_model: int, optim: OptimConfig,
                       total: int) -> float:
-    """The schedule's rate for update `step` (from 1), set on every parameter group."""
+    """The schedule's rate for update `step` (from 1), set on every parameter group (times its lr_multiplier)."""
     lr = learning_rate(step, d_model, optim, total)
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_multiplier", 1.0)
     return lr
 
 
 FUSED_ADAM_DEVICES = ("cpu", "cuda")  # where torch.optim.Adam has one fused kernel for all parameters
 
 
-def make_optimizer(parameters, optim: OptimConfig) -> torch.optim.Adam:
-    """Adam (beta1, beta2, eps from the config); the schedule sets the rate before every update.
+def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Adam:
+    """Adam (beta1, beta2, eps from the config) over the model's parameters; the schedule sets the rate before every
+    update. With optim.bias_lr_scale != 1, T5's bias tables are a second group whose rate is that multiple.
 
     Fused where PyTorch has it: one kernel over all parameters instead of a dozen operations per parameter (on a
     CPU, 0.5 s of a `tiny` update's 3 at 2 threads: benchmarks/train_parts.py). The trainer unscales and checks
     the gradients itself, so the fused step sees plain gradients, as the loop did."""
-    parameters = list(parameters)
+    from nmt.positions import T5Bias
+
+    parameters = list(model.parameters())
     fused = bool(parameters) and all(p.device.type in FUSED_ADAM_DEVICES for p in parameters)
-    return torch.optim.Adam(parameters, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=fused)
+    groups: list[dict] = [{"params": parameters}]
+    if optim.bias_lr_scale != 1.0:
+        tables = {id(p) for m in model.modules() if isinstance(m, T5Bias) for p in m.parameters()}
+        groups = [{"params": [p for p in parameters if id(p) not in tables]},
+                  {"params": [p for p in parameters if id(p) in tables], "lr_multiplier": optim.bias_lr_scale}]
+    return torch.optim.Adam(groups, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=fused)
 
 
 def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, step: bool) -> None:

@@ -69,7 +69,7 @@ class Trainer:
         self.attention.lazy = env.world_size == 1  # under DDP only the cases checked together, before training
         self.model = Transformer(job.model, self.data.vocab_size, self.attention).to(env.device)
         self.data_parallel, self.train_model = parallelize(self.model, env, self.cfg.compile)
-        self.optimizer = make_optimizer(self.model.parameters(), job.optim)
+        self.optimizer = make_optimizer(self.model, job.optim)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the global data position after them

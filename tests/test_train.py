@@ -19,11 +19,12 @@ from nmt.checkpoint import (
     numbered_checkpoints,
     save_checkpoint,
 )
-from nmt.config import OptimConfig, TrainConfig, TrainJob
+from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
 from nmt.data.shards import EncodedSplit
 from nmt.loss import smoothed_loss
+from nmt.model import Transformer
 from nmt.optim import inverse_sqrt_lr, linear_decay_lr, make_optimizer, peak_lr, set_learning_rate
 from nmt.train import run
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
@@ -62,10 +63,11 @@ def test_linear_decay_schedule():
 
 def test_adam_is_fused_on_a_cpu_and_steps_as_its_loop_does():
     torch.manual_seed(0)
-    weights = [torch.randn(64, 32), torch.randn(32)]
-    fused_params, loop_params = ([w.clone().requires_grad_() for w in weights] for _ in range(2))
+    module = torch.nn.Linear(32, 64)
+    weights = [p.detach().clone() for p in module.parameters()]
+    fused_params, loop_params = list(module.parameters()), [w.clone().requires_grad_() for w in weights]
     optim = OptimConfig()
-    fused = make_optimizer(fused_params, optim)
+    fused = make_optimizer(module, optim)
     loop = torch.optim.Adam(loop_params, lr=0.0, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=False)
     assert fused.param_groups[0]["fused"]
     for step in range(1, 6):
@@ -78,6 +80,18 @@ def test_adam_is_fused_on_a_cpu_and_steps_as_its_loop_does():
     for a, b, w in zip(fused_params, loop_params, weights):
         assert not torch.equal(a, w)
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_t5_bias_tables_get_their_own_rate():
+    model = Transformer(ModelConfig(position="t5", encoder_layers=1, decoder_layers=1, d_model=16, heads=2,
+                                    ffn_dim=32), 50)
+    optimizer = make_optimizer(model, OptimConfig(bias_lr_scale=10.0))
+    tables = {id(model.encoder_self_positions.table), id(model.decoder_self_positions.table)}
+    rest, biases = optimizer.param_groups
+    assert {id(p) for p in biases["params"]} == tables and len(rest["params"]) + 2 == len(list(model.parameters()))
+    lr = set_learning_rate(optimizer, 50, 16, OptimConfig(bias_lr_scale=10.0), 100)
+    assert rest["lr"] == lr > 0 and biases["lr"] == pytest.approx(10 * lr)
+    assert len(make_optimizer(model, OptimConfig()).param_groups) == 1  # the default: one group, as checkpoints hold
 
 
 def test_smoothed_loss_matches_cross_entropy():

@@ -190,6 +190,10 @@ def main() -> None:
     args = parser.parse_args()
     args.output = args.output or OUTPUTS[args.task]
     args.output.mkdir(parents=True, exist_ok=True)
+    others = {r.get("task", "offset") for r in read_records(args.output, "*_seed*.json")} - {args.task}
+    if others:  # a record is found by its mode and seed only: another task's would pass for this one's
+        raise SystemExit(f"{args.output} holds runs of --task {', '.join(sorted(others))}; give this task its own "
+                         f"--output")
     if not args.report:
         run_grid(run_one, [Cell(record_path(args.output, m, s),
                                 (m, s, args.layers, args.updates, args.output, args.task))

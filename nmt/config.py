@@ -120,9 +120,8 @@ class OptimConfig:
     eps: float = 1e-9  # Adam's epsilon
     label_smoothing: float = 0.1  # epsilon_ls of the label-smoothed loss
     clip_norm: float = 0.0  # 0 = no clipping (the paper's recipe); the norm is logged either way
-    # position=t5: the learning rate of T5's bias tables over everything else's. The tables are a few hundred
-    # scalars that the shared schedule moves by about one logit in a 600-update run (results/README.md tests this).
-    bias_lr_scale: float = 1.0
+    # The T5 tables are a few hundred scalars that the shared schedule moves by about one logit in a 600-update run.
+    bias_lr_scale: float = 1.0  # position=t5: its bias tables' learning rate over the rest's (1 = the same)
 
     def check(self) -> "OptimConfig":
         self.schedule = Schedule(self.schedule)

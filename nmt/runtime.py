@@ -205,7 +205,19 @@ def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     bf16 = "native bf16" if native_cpu_bf16() else "no native bf16"
-    return f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {bf16}"
+    return f"CPU {cpu_model()}, {os.cpu_count()} cores, {bf16}"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo; platform.processor() is empty there), else the architecture."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 # A second Ctrl-C counts as "again" only this long after the first: torchrun passes the terminal's Ctrl-C on to its

@@ -182,3 +182,15 @@ def test_files_are_one_concept_in_size_and_imports_never_go_round():
 
     for module in graph:
         visit(module, [])
+
+
+def test_result_records_name_the_cpu_model():
+    """Every figure says which CPU: nmt.runtime.machine() names its model, where platform.processor() is empty."""
+    from nmt.runtime import machine
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text(errors="replace").splitlines() if cpuinfo.exists() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    if not names:
+        pytest.skip("no model name in /proc/cpuinfo")
+    assert machine(torch.device("cpu")).startswith(f"CPU {names[0]} (")

@@ -127,11 +127,20 @@ class MultiHeadAttention(nn.Module):
         k = self.split_heads(self.k_proj(x))
         return KV(k if rotation is None else rotate(k, rotation), self.split_heads(self.v_proj(x)))
 
-    def self_attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """x (B, N, d_model) attending to itself: alpha (B, H, N, N), for analysis (eval mode, no dropout)."""
+    def self_attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None, causal: bool = False,
+                               positions: StackPositions = NO_POSITIONS) -> Tensor:
+        """x (B, N, d_model) attending to itself: alpha (B, H, N, N) as forward weighs the values, for analysis
+        (eval mode, no dropout). positions: the stack's (model.stack_positions): RoPE's rotation of queries and
+        keys, or T5's / ALiBi's additive bias, which already holds the masks."""
         q, k = self.split_heads(self.q_proj(x)), self.split_heads(self.k_proj(x))
+        if positions.rotation is not None:
+            q, k = rotate(q, positions.rotation), rotate(k, positions.rotation)
+        if positions.bias is not None:
+            scores = q @ k.transpose(-1, -2) * self.d_head**-0.5 + positions.bias
+            probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
+            return probs if positions.empty_rows is None else probs.masked_fill(positions.empty_rows, 0.0)
         window = EdgeWindow.of(x.shape[1], x.shape[1], self.clip or 0)
-        return torch_attention.attention_weights(q, k, self.rel_k, window, key_padding_mask)
+        return torch_attention.attention_weights(q, k, self.rel_k, window, key_padding_mask, causal)
 
     def forward(
         self,

@@ -241,3 +241,36 @@ def test_self_attention_weights_are_the_literal_alphas(shared):
     got = layer.self_attention_weights(x, pad).detach()
     torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-10)
     assert got[1, :, :, 3:].eq(0).all()  # no weight on padding
+
+
+@pytest.mark.parametrize("position", ["relative", "absolute", "t5", "alibi", "rope"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_self_attention_weights_are_the_ones_forward_uses(position, causal):
+    """The weights reported for analysis, with the stack's positions (T5's and ALiBi's bias, RoPE's rotation, the
+    edge tables), are the ones forward weighs the values with: forward's output = out_proj(alpha @ V)."""
+    from nmt.config import ModelConfig
+    from nmt.model import self_attention_positions, stack_positions
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(position=position, d_model=16, heads=2, clip=2, dropout=0.0)
+    layer = MultiHeadAttention(16, 2, clip=2 if position == "relative" else None).double().eval()
+    scheme = self_attention_positions(cfg, causal)
+    scheme = scheme.double() if scheme is not None else None
+    if position == "t5":
+        torch.nn.init.normal_(scheme.table)  # the table starts at zero: ignoring it would go unnoticed
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    positions = stack_positions(scheme, x, 6, 0, pad)
+    alpha = layer.self_attention_weights(x, pad, causal, positions)
+    out = layer(x, layer.project_kv(x, positions.rotation), pad, causal=causal, positions=positions)
+    values = layer.split_heads(layer.v_proj(x))
+    want = layer.out_proj((alpha @ values).transpose(1, 2).reshape(2, 6, 16))
+    if position == "relative":  # a^V adds its edge vectors to the values: compare the key side only
+        layer.rel_v = None
+        out = layer(x, layer.project_kv(x), pad, causal=causal, positions=positions)
+        want = layer.out_proj((layer.self_attention_weights(x, pad, causal, positions) @ values)
+                              .transpose(1, 2).reshape(2, 6, 16))
+    torch.testing.assert_close(out, want, rtol=1e-9, atol=1e-9)
+    assert torch.allclose(alpha.sum(-1)[0], torch.ones(2, 6, dtype=torch.float64))  # every real query's row sums to 1
+    if causal:
+        assert alpha[..., 0, 1:].eq(0).all()  # the first query sees only itself

@@ -184,6 +184,9 @@ class TrainJob:
 
     def check(self) -> "TrainJob":
         self.model.check(), self.data.check(), self.optim.check(), self.train.check()
+        require(self.optim.bias_lr_scale == 1.0 or self.model.position == Position.t5, "optim.bias_lr_scale",
+                self.optim.bias_lr_scale, f"1 with model.position={self.model.position.value} (it scales T5's bias "
+                "tables: model.position=t5)")
         return self
 
 

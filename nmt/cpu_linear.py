@@ -16,17 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.runtime import cpuinfo
+
 
 @cache
 def onednn_preferred() -> bool:
     """True on an x86 CPU whose vendor is not Intel, where PyTorch has oneDNN (CTranslate2's rule)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return False
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            vendors = {line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")}
-    except OSError:  # not Linux: keep PyTorch's own choice
-        return False
+    vendors = set(cpuinfo("vendor_id"))  # none where not Linux: keep PyTorch's own choice
     return bool(vendors) and "GenuineIntel" not in vendors
 
 

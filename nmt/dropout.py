@@ -1,12 +1,13 @@
 """Dropout (Srivastava et al. 2014) whose CPU mask costs 16 random bits per element.
 
 PyTorch's CPU dropout draws one float per element (`bernoulli_`, one Mersenne-Twister call each, on one thread):
-dropout was 18 % of a `tiny` fp32 training update on a 2-core AMD EPYC, and this halves it or better
-(benchmarks/train_parts.py). Here a CPU mask is cut from 64-bit words, four 16-bit lanes each. An element is kept
-when its lane is at or above round(p * 2^16) of the 2^16 values, so the kept fraction is exactly
-1 - round(p * 2^16) / 2^16 (p = 0.1: 0.899994) and the kept values are scaled by its inverse: the expectation is
-x, as with F.dropout.
-On other devices F.dropout (one fused kernel) and torch.rand masks are already cheap and stay.
+the dropout sites of a `tiny` fp32 update took 0.263 s of 1.080 on 2 cores, these masks 0.107 s
+(benchmarks/train_parts.py, docs/benchmarks.md). Here a CPU mask is cut from 64-bit words, four 16-bit lanes each.
+An element is kept when its lane is at or above round(p * 2^16) of the 2^16 values, so the kept fraction is
+exactly 1 - round(p * 2^16) / 2^16 (p = 0.1: 0.899994) and the kept values are scaled by its inverse: the
+expectation is x, as with F.dropout.
+On other devices F.dropout (one fused kernel) and torch.rand masks are already cheap and stay, and so do they under
+torch.compile, which fuses them into its own kernels (and cannot trace the in-place draw: a graph break per site).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ LANES = 2**16  # values of one 16-bit lane
 def keep_mask(shape: tuple[int, ...], p: float, device: torch.device) -> tuple[Tensor, float]:
     """A boolean mask of `shape` keeping each element with probability ~1 - p (exactly, on a CPU: see above), and
     the scale that makes the kept elements' expectation x. Drawn from the device's default generator."""
-    if device.type != "cpu":
+    if device.type != "cpu" or torch.compiler.is_compiling():
         return torch.rand(shape, device=device) >= p, 1.0 / (1.0 - p)
     dropped = round(p * LANES)
     count = math.prod(shape)
@@ -51,7 +52,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """F.dropout, with the CPU mask above."""
     if not training or p == 0.0:
         return x
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
         return F.dropout(x, p, training=True)
     keep, scale = keep_mask(tuple(x.shape), p, x.device)
     return _Scaled.apply(x, keep.to(x.dtype).mul_(scale))

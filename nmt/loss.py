@@ -4,8 +4,8 @@ With z the logits of one token, lse = logsumexp(z), t its target and V the vocab
     nll = lse - z_t,    uniform = lse - mean(z),    loss = (1 - epsilon) nll + epsilon uniform
     d loss / d z = softmax(z) - epsilon / V - (1 - epsilon) onehot(t)
 One autograd function computes both from the logits without materializing the (tokens, V) log-probabilities, and
-its backward is that one expression: on a CPU the composite (log_softmax, gather, mean) and its backward took 17 %
-of a `tiny` fp32 update, this takes a quarter of that (benchmarks/train_parts.py).
+its backward is that one expression, where the composite (log_softmax, gather, mean) and its backward took five
+passes over them (a fill, a division, log_softmax's backward); benchmarks/train_parts.py times both.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import torch
 from nmt.config import OptimConfig
 from nmt.errors import UserError
 from nmt.modes import Schedule
+from nmt.positions import T5Bias
 
 
 def peak_lr(d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -58,11 +59,9 @@ def make_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.Ad
     """Adam (beta1, beta2, eps from the config) over the model's parameters; the schedule sets the rate before every
     update. With optim.bias_lr_scale != 1, T5's bias tables are a second group whose rate is that multiple.
 
-    Fused where PyTorch has it: one kernel over all parameters instead of a dozen operations per parameter (on a
-    CPU, 0.5 s of a `tiny` update's 3 at 2 threads: benchmarks/train_parts.py). The trainer unscales and checks
+    Fused where PyTorch has it: one kernel over all parameters instead of a dozen operations per parameter (a
+    `tiny` step on 2 CPU cores: 0.006 s against 0.016, benchmarks/train_parts.py). The trainer unscales and checks
     the gradients itself, so the fused step sees plain gradients, as the loop did."""
-    from nmt.positions import T5Bias
-
     parameters = list(model.parameters())
     fused = bool(parameters) and all(p.device.type in FUSED_ADAM_DEVICES for p in parameters)
     groups: list[dict] = [{"params": parameters}]

@@ -8,9 +8,12 @@ from pathlib import Path
 from nmt.checkpoint import CheckpointError
 
 
-def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> None:
+def check_same_model(state: dict, job: dict, vocab_size: int, out: Path) -> None:
     """Resuming continues the run in the folder: refused (CheckpointError naming the fields) when this job's model
-    (plain fields) or vocabulary is another one than the folder's run; its weights would not load."""
+    (the plain fields of job["model"]) or vocabulary is another one than the folder's run, whose weights would not
+    load, or its optimizer's parameter groups differ (check_same_optimizer)."""
+    check_same_optimizer(state, job["optim"], out)
+    model = job["model"]
     def shown(value):
         return str(value).lower() if isinstance(value, bool) else value
 
@@ -23,6 +26,16 @@ def check_same_model(state: dict, model: dict, vocab_size: int, out: Path) -> No
     if fields:
         raise CheckpointError(f"{out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir to "
                               f"another folder, or remove {out} to start this one afresh")
+
+
+def check_same_optimizer(state: dict, optim: dict, out: Path) -> None:
+    """Resuming keeps the optimizer's parameter groups: refused (CheckpointError) when optim.bias_lr_scale, which
+    makes T5's tables a group of their own at their own rate, differs from the folder's run."""
+    theirs = state.get("config", {}).get("optim", {}).get("bias_lr_scale", 1.0)
+    if optim.get("bias_lr_scale", 1.0) != theirs:
+        raise CheckpointError(f"{out} holds a run with optim.bias_lr_scale={theirs:g}, not "
+                              f"{optim.get('bias_lr_scale', 1.0):g}: resume it with that value, or set "
+                              "train.output_dir to another folder")
 
 
 def check_same_data(state: dict, identity: dict, spm_model: bytes, out: Path) -> None:

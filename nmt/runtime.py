@@ -208,16 +208,19 @@ def machine(device: torch.device) -> str:
     return f"CPU {cpu_model()}, {os.cpu_count()} cores, {bf16}"
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo; platform.processor() is empty there), else the architecture."""
+def cpuinfo(field: str) -> list[str]:
+    """The values of `field` in /proc/cpuinfo, one per logical CPU; [] where there is none (not Linux)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({platform.machine()})"
+            return [line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == field]
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return []
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux; platform.processor() is empty there), else the architecture."""
+    names = cpuinfo("model name")
+    return f"{names[0]} ({platform.machine()})" if names else platform.processor() or platform.machine()
 
 
 # A second Ctrl-C counts as "again" only this long after the first: torchrun passes the terminal's Ctrl-C on to its

@@ -173,7 +173,7 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
-            check_same_model(state, job_dict(self.job)["model"], self.data.vocab_size, self.out)
+            check_same_model(state, job_dict(self.job), self.data.vocab_size, self.out)
             check_same_data(state, self.data.identity, self.data.spm_model, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone

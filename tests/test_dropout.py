@@ -57,3 +57,15 @@ def test_bf16_stays_bf16():
     out = dropout(x, 0.1)
     out.sum().backward()
     assert out.dtype == x.grad.dtype == torch.bfloat16
+
+
+def test_dropout_traces_as_one_graph():
+    """Under torch.compile (train.compile=true) the in-place draw would break the graph at every dropout site:
+    the compiled path takes F.dropout and torch.rand masks, which it fuses."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.ones(64, 32)
+    out = torch.compile(dropout, fullgraph=True, backend="eager")(x, 0.25)
+    keep, _ = torch.compile(keep_mask, fullgraph=True, backend="eager")((64, 32), 0.25, x.device)
+    assert 0.6 < out.ne(0).float().mean().item() < 0.9 and 0.6 < keep.float().mean().item() < 0.9

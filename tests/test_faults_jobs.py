@@ -59,6 +59,26 @@ def test_a_folder_of_another_model_is_one_line_and_keeps_its_record(prepared, tm
     assert (tmp_path / "config.yaml").read_text() == record
 
 
+def test_another_rate_for_t5s_tables_is_refused_on_resume_and_outside_t5(prepared, tmp_path):
+    """optim.bias_lr_scale makes T5's tables an optimizer group of their own: a resume that would change the groups
+    is one line (not load_state_dict's traceback), and the option refuses models with no such tables."""
+    made = subprocess.run(train_command(prepared, tmp_path, "train.max_steps=2", "model.position=t5"), cwd=ROOT,
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    other = subprocess.run(train_command(prepared, tmp_path, "train.max_steps=4", "model.position=t5",
+                                         "optim.bias_lr_scale=10"), cwd=ROOT, env=ENV, capture_output=True,
+                           text=True, timeout=300)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    error = [line for line in other.stderr.splitlines() if "ERROR" in line]
+    assert len(error) == 1 and "holds a run with optim.bias_lr_scale=1, not 10" in error[0], other.stderr
+    relative = subprocess.run(train_command(prepared, tmp_path / "relative", "train.max_steps=2",
+                                            "optim.bias_lr_scale=10"), cwd=ROOT, env=ENV, capture_output=True,
+                              text=True, timeout=300)
+    assert relative.returncode == 2 and "Traceback" not in relative.stderr
+    assert "optim.bias_lr_scale" in relative.stderr and "model.position=t5" in relative.stderr
+    assert not (tmp_path / "relative").exists()
+
+
 def test_ablations_get_default_folders_of_their_own(prepared, tmp_path):
     """The README's Table 3 line after its relative run: each trains in its own outputs/<model>_<data>... folder."""
     for extra in ([], ["model.rel_value=false"]):

@@ -1,8 +1,8 @@
 """Length extrapolation past anything in Multi30k: every position mode on two synthetic tasks, trained on sequences
 of 40 symbols and evaluated on 40, 80, 160 and 320.
 
-    python -m experiments.extrapolate [--task offset|repeat] [--modes relative:2 relative:8 relative:16 t5 alibi rope
-                                  absolute none] [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output DIR]
+    python -m experiments.extrapolate [--task offset|repeat] [--modes relative:2 relative:8 relative:16 buckets:128
+                                  t5 alibi rope absolute none] [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output DIR]
     python -m experiments.extrapolate --report [--task offset|repeat] [--output DIR]   # the table and the plot
 
 --task offset (the default; OUTPUT results/extrapolate) is experiments/reach.py's copy-at-distance task: its
@@ -23,7 +23,7 @@ model that located its answer by offset answers a long sequence as well as a sho
 absolute position meets rows it never trained. The task also needs resolution at a distance: telling d = 20 from
 d = 21 is what T5's logarithmic buckets give up (distances 16 to 128 share 8 buckets per direction at the default
 32 buckets), and what Shaw's clipping gives up beyond k within one layer. Modes: `relative:K` (Shaw, clipping
-distance K), `t5`, `alibi`, `rope`, `absolute` (sinusoids) and `none` (no position at all: the floor).
+distance K), `buckets:K` (Shaw's vectors read by 32 of T5's log-spaced buckets up to K: model.edge_buckets), `t5`, `alibi`, `rope`, `absolute` (sinusoids) and `none` (no position at all: the floor).
 
 Each (mode, seed) run trains --layers encoder layers (d = 64, 4 heads) for --updates updates of 64 sequences of 40
 (a budget in updates) and writes OUTPUT/<mode>_seed<s>.json: accuracy at each evaluation length (offset: over
@@ -44,7 +44,8 @@ from experiments.grid import Cell, read_records, run_grid, write_record
 from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
 from nmt.cli import ends_in_one_line
 
-MODES = ["relative:2", "relative:8", "relative:16", "t5", "alibi", "rope", "absolute", "none"]
+MODES = ["relative:2", "relative:8", "relative:16", "buckets:128", "t5", "alibi", "rope", "absolute", "none"]
+EDGE_BUCKETS = 32  # buckets:K: Shaw's edge vectors read by 32 of T5's log-spaced buckets up to K
 EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
 PER_DISTANCE = 128
 REPEAT_SYMBOLS = 256  # distinct symbols: the first half of the longest sequence (160) never repeats one
@@ -55,6 +56,8 @@ OUTPUTS = {"offset": Path("results/extrapolate"), "repeat": Path("results/extrap
 def model_for(mode: str, layers: int, task: str = "offset") -> Tagger:
     position, _, clip = mode.partition(":")
     sizes = {"vocab": FIRST_TOKEN + REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
+    if position == "buckets":
+        return Tagger(layers, int(clip or 128), position="relative", edge_buckets=EDGE_BUCKETS, **sizes)
     return Tagger(layers, int(clip or 16), position=position, **sizes)
 
 

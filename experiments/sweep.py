@@ -35,6 +35,7 @@ from nmt.runtime import experiment_cpu_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
+EDGE_BUCKETS = ["model.edge_buckets=32", "model.clip=128"]  # T5's distances (32 buckets up to 128), Shaw's vectors
 DESCENDANT_OVERRIDES = {"relative": [], "none": ["model.rel_key=false", "model.rel_value=false"]}
 # row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
 TABLES = {
@@ -74,6 +75,8 @@ TABLES = {
            for pair in ("en-de", "en-fr")
            for position in ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")},
         "en-de.t5_lr10": ("en-de", ["model.position=t5", "optim.bias_lr_scale=10"]),
+        # Shaw's edge vectors read by T5's log-spaced buckets (32 up to 128) instead of the clip at 16
+        **{f"{pair}.buckets": (pair, EDGE_BUCKETS) for pair in ("en-de", "en-fr")},
     }},
     "length": {"seeds": [1, 2], "rows": {
         "absolute": ("en-de", ["model.position=absolute"]),
@@ -82,6 +85,7 @@ TABLES = {
         "t5": ("en-de", ["model.position=t5"]),  # Shaw's descendants: do they extrapolate past the training lengths?
         "alibi": ("en-de", ["model.position=alibi"]),
         "rope": ("en-de", ["model.position=rope"]),
+        "buckets": ("en-de", EDGE_BUCKETS),
     }},
 }
 KEPT = ("result.json", "config.yaml", "train.log")

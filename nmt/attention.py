@@ -4,6 +4,8 @@ module with its edge tables and decoding cache.
     e_ij = q_i . (k_j + a^K_ij) / sqrt(D)      (Eq. 4)
     z_i = sum_j alpha_ij (v_j + a^V_ij)         (Eq. 3),   a_ij = w_{clip(j - i, k)}
 
+or, with model.edge_buckets=N, a_ij = w_{bucket(j - i)}: N edge vectors by T5's log-spaced buckets up to k.
+
 Two implementations compute it, never materializing the (N, N, D) tensors of the paper's formulation:
 nmt/kernels/torch_attention.py (the PyTorch path: CPUs, the reference) and nmt/kernels/relative_attention.py (one
 flash-style Triton kernel on CUDA: O(N) memory). nmt/kernels/dispatch.py chooses, once per job and per case;
@@ -19,7 +21,7 @@ from torch import Tensor, nn
 
 from nmt.kernels import torch_attention
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.kernels.window import EdgeWindow, relative_buckets  # noqa: F401 (relative_buckets: part of the API)
+from nmt.kernels.window import EdgeWindow, LogBuckets, distance_rows, relative_buckets  # noqa: F401 (relative_buckets: API)
 from nmt.positions import NO_POSITIONS, Rotation, StackPositions, rotate
 
 
@@ -35,27 +37,37 @@ def relation_aware_attention(
     q_offset: int = 0,
     dropout_p: float = 0.0,
     backend: AttentionBackend | None = None,
+    edge_buckets: int = 0,
 ) -> Tensor:
     """Eq. 3-4 for q (B, H, Nq, D), k and v (B, H, Nk, D) -> (B, H, Nq, D).
 
-    rel_k, rel_v: None, (2k+1, D) shared across heads, or (H, 2k+1, D) per head.
+    rel_k, rel_v: None, (R, D) shared across heads, or (H, R, D) per head; R = 2k+1 edge vectors, or edge_buckets.
+    edge_buckets: 0 for a_ij = w_{clip(j - i, k)}; N for a_ij = w_{bucket(j - i)}, N log-spaced buckets up to k
+    (nmt/kernels/window.py's LogBuckets; bidirectional unless causal).
     key_padding_mask: (B, Nk) bool, True = padding. A query with no visible key outputs 0.
     q_offset: absolute position of the first query (incremental decoding: Nq=1, q_offset=t).
     backend: may send the call to the fused kernel (nmt/kernels/dispatch.py); None = the PyTorch path.
     """
     if clip < 0:
         raise ValueError(f"clip must be >= 0, got {clip}")
+    rows = edge_buckets or 2 * clip + 1
     for name, table in (("rel_k", rel_k), ("rel_v", rel_v)):
-        if table is not None and table.shape[-2] != 2 * clip + 1:
-            raise ValueError(f"{name} has {table.shape[-2]} edge vectors, clip={clip} needs {2 * clip + 1}")
+        if table is not None and table.shape[-2] != rows:
+            need = f"edge_buckets={edge_buckets}" if edge_buckets else f"clip={clip}"
+            raise ValueError(f"{name} has {table.shape[-2]} edge vectors, {need} needs {rows}")
     relative = rel_k is not None or rel_v is not None
     window = EdgeWindow.of(q.shape[-2], k.shape[-2], clip, q_offset) if relative else None
     if relative and backend is not None and backend.use_kernel(q, rel_k, rel_v, window.size, key_padding_mask,
                                                                causal, dropout_p):
         from nmt.kernels import relative_attention as fused_kernel
 
+        if edge_buckets:  # the kernel reads clipped tables: the buckets' vectors at each distance -k..k
+            rows = distance_rows(clip, edge_buckets, causal, q.device)
+            rel_k, rel_v = (None if t is None else t.index_select(-2, rows) for t in (rel_k, rel_v))
         return fused_kernel.relative_attention(q, k, v, rel_k, rel_v, window, key_padding_mask, causal, q_offset,
                                                dropout_p)
+    if relative and edge_buckets:  # the PyTorch path reads the N vectors directly: R = N, not the window
+        window = LogBuckets(clip, edge_buckets, causal)
     return torch_attention.relative_attention(q, k, v, rel_k, rel_v, window, key_padding_mask, causal, q_offset,
                                               dropout_p)
 
@@ -102,18 +114,20 @@ class MultiHeadAttention(nn.Module):
         rel_value: bool = True,
         share_heads: bool = False,
         backend: AttentionBackend | None = None,
+        edge_buckets: int = 0,
     ):
         super().__init__()
         self.backend = backend  # None: the PyTorch path
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
         self.heads, self.d_head, self.dropout, self.clip = heads, d_model // heads, dropout, clip
+        self.edge_buckets = edge_buckets  # 0: Shaw's clip; N: N vectors by log-spaced bucket of j - i up to clip
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         relative = clip is not None
-        edges = 2 * (clip or 0) + 1
+        edges = edge_buckets or 2 * (clip or 0) + 1
         table_shape = (edges, self.d_head) if share_heads else (heads, edges, self.d_head)
         self.rel_k = nn.Parameter(torch.randn(table_shape) * self.d_head**-0.5) if relative and rel_key else None
         self.rel_v = nn.Parameter(torch.randn(table_shape) * self.d_head**-0.5) if relative and rel_value else None
@@ -139,8 +153,17 @@ class MultiHeadAttention(nn.Module):
             scores = q @ k.transpose(-1, -2) * self.d_head**-0.5 + positions.bias
             probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
             return probs if positions.empty_rows is None else probs.masked_fill(positions.empty_rows, 0.0)
-        window = EdgeWindow.of(x.shape[1], x.shape[1], self.clip or 0)
+        window = (LogBuckets(self.clip, self.edge_buckets, causal) if self.edge_buckets
+                  else EdgeWindow.of(x.shape[1], x.shape[1], self.clip or 0))
         return torch_attention.attention_weights(q, k, self.rel_k, window, key_padding_mask, causal)
+
+    def clipped_tables(self, causal: bool) -> tuple[Tensor | None, Tensor | None]:
+        """a^K and a^V as (2k+1)-row tables of a_ij = w_{clip(j - i, k)} (what CTranslate2 holds): the tables
+        themselves, or with edge buckets each distance's bucket vector (causal: the decoder's buckets)."""
+        if not self.edge_buckets:
+            return self.rel_k, self.rel_v
+        rows = distance_rows(self.clip, self.edge_buckets, causal)
+        return tuple(None if t is None else t.index_select(-2, rows) for t in (self.rel_k, self.rel_v))
 
     def forward(
         self,
@@ -165,7 +188,7 @@ class MultiHeadAttention(nn.Module):
             z = relation_aware_attention(
                 q, kv.k, kv.v, self.rel_k, self.rel_v, self.clip or 0,
                 key_padding_mask=key_padding_mask, causal=causal, q_offset=q_offset,
-                dropout_p=dropout_p, backend=self.backend,
+                dropout_p=dropout_p, backend=self.backend, edge_buckets=self.edge_buckets,
             )
         b, _, n, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))  # (B, Nq, d_model)

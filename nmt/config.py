@@ -39,6 +39,7 @@ class ModelConfig:
     rel_key: bool = True  # a^K (Eq. 4)
     rel_value: bool = True  # a^V (Eq. 3)
     share_heads: bool = False  # one edge table per layer (big) instead of per layer and head (base)
+    edge_buckets: int = 0  # 0 = Shaw's clip to [-k, k]; N = N log-spaced buckets of j - i up to model.clip
     t5_buckets: int = 32  # position=t5: buckets of j - i (each direction gets half in the encoder), as T5
     t5_max_distance: int = 128  # position=t5: distances from here on share the last bucket, as T5
     norm: Norm = Norm.pre  # LayerNorm before each sublayer (pre) or after its residual add (post)
@@ -55,6 +56,11 @@ class ModelConfig:
         require(self.ffn_dim >= 1, "model.ffn_dim", self.ffn_dim, ">= 1")
         require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         require(self.clip >= 0, "model.clip", self.clip, ">= 0")
+        if self.edge_buckets:  # nmt/kernels/window.py's LogBuckets: a form of position=relative
+            require(self.position == Position.relative and self.edge_buckets >= 4 and self.edge_buckets % 2 == 0
+                    and self.clip > self.edge_buckets // 2, "model.edge_buckets", self.edge_buckets, "0, or (with "
+                    f"position=relative, here {self.position.value}) an even number >= 4 below 2 x model.clip="
+                    f"{self.clip} (k, where the buckets' logarithmic spacing ends)")
         require(self.max_positions >= 1, "model.max_positions", self.max_positions, ">= 1")
         require(self.t5_buckets >= 4 and self.t5_buckets % 2 == 0, "model.t5_buckets", self.t5_buckets,
                 "an even number >= 4 (the encoder splits them between the two directions)")

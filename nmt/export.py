@@ -9,7 +9,8 @@ sqrt(d_model), queries by 1/sqrt(D). Position modes:
 
     absolute, learned, none  the table added at the input (relnmt's sinusoid table itself, a learned table, zeros)
     relative                 Shaw et al.'s tables per layer, shared across heads (model.share_heads=true); a table
-                             that is off (rel_key or rel_value false) is exported as zeros, which adds nothing
+                             that is off (rel_key or rel_value false) is exported as zeros, which adds nothing;
+                             edge buckets (model.edge_buckets) as the 2k+1 distances' bucket vectors, the same a_ij
     t5                       T5's relative attention bias (one stack's table, given to each of its layers)
     rope                     rotary embeddings of the whole head dimension, interleaved pairs, base 10,000
 
@@ -78,7 +79,8 @@ def _layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
     spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
 
 
-def _attention(spec, attn, self_attention: bool, t5_table: torch.Tensor | None, t5_max_distance: int) -> None:
+def _attention(spec, attn, self_attention: bool, t5_table: torch.Tensor | None, t5_max_distance: int,
+               causal: bool = False) -> None:
     if self_attention:
         _linear(spec.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
     else:
@@ -87,8 +89,9 @@ def _attention(spec, attn, self_attention: bool, t5_table: torch.Tensor | None, 
     _linear(spec.linear[-1], attn.out_proj)
     if hasattr(spec, "relative_position_keys"):
         zeros = np.zeros((2 * attn.clip + 1, attn.d_head), np.float32)
-        spec.relative_position_keys = zeros if attn.rel_k is None else _array(attn.rel_k)
-        spec.relative_position_values = zeros if attn.rel_v is None else _array(attn.rel_v)
+        rel_k, rel_v = attn.clipped_tables(causal)  # edge buckets: each distance's vector, exactly the same a_ij
+        spec.relative_position_keys = zeros if rel_k is None else _array(rel_k)
+        spec.relative_position_values = zeros if rel_v is None else _array(rel_v)
     if t5_table is not None:
         spec.relative_attention_bias = _array(t5_table.t())  # (buckets, heads), as T5's embedding
         spec.relative_attention_max_distance = np.dtype("int32").type(t5_max_distance)
@@ -128,7 +131,8 @@ def build_spec(model: Transformer, vocab: Vocab):
         scheme = getattr(model, f"{side}_self_positions")
         t5_table = scheme.table if cfg.position == Position.t5 else None
         for layer_spec, layer in zip(stack_spec.layer, layers):
-            _attention(layer_spec.self_attention, layer.self_attn, True, t5_table, cfg.t5_max_distance)
+            _attention(layer_spec.self_attention, layer.self_attn, True, t5_table, cfg.t5_max_distance,
+                       causal=side == "decoder")
             norms = [layer.attn_block.norm, layer.ffn_block.norm] if side == "encoder" else \
                 [block.norm for block in layer.blocks]
             _layer_norm(layer_spec.self_attention.layer_norm, norms[0])

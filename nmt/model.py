@@ -64,6 +64,7 @@ def _self_attention(cfg: ModelConfig, backend: AttentionBackend | None) -> Multi
     return MultiHeadAttention(
         cfg.d_model, cfg.heads, cfg.dropout, clip=cfg.clip if cfg.position.edge_tables else None,
         rel_key=cfg.rel_key, rel_value=cfg.rel_value, share_heads=cfg.share_heads, backend=backend,
+        edge_buckets=cfg.edge_buckets,
     )
 
 

@@ -9,16 +9,18 @@ from nmt.attention import MultiHeadAttention, relation_aware_attention, relative
 from nmt.dropout import keep_mask
 
 
-def literal_attention(q, k, v, rel_k, rel_v, clip, key_padding_mask=None, causal=False, q_offset=0):
-    """Eq. 3-4 written pair by pair, as in the paper. Rows with no visible key give 0."""
+def literal_attention(q, k, v, rel_k, rel_v, clip, key_padding_mask=None, causal=False, q_offset=0, row=None):
+    """Eq. 3-4 written pair by pair, as in the paper. Rows with no visible key give 0.
+    row: the table row of a distance j - i (default: clip(j - i, k) + k)."""
     B, H, Nq, D = q.shape
     Nk = k.shape[2]
     out = torch.zeros(B, H, Nq, D, dtype=q.dtype)
+    row = row or (lambda distance: max(-clip, min(clip, distance)) + clip)
 
     def edge(table, h, i, j):
         if table is None:
             return torch.zeros(D, dtype=q.dtype)
-        r = max(-clip, min(clip, j - (i + q_offset))) + clip
+        r = row(j - (i + q_offset))
         return table[r] if table.dim() == 2 else table[h, r]
 
     for b, h, i in itertools.product(range(B), range(H), range(Nq)):
@@ -170,6 +172,72 @@ def test_separate_key_and_value_tables():
     assert absolute.rel_k is None and absolute.rel_v is None
 
 
+@pytest.mark.parametrize("buckets,clip", [(4, 3), (8, 5), (16, 40)])
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("terms", ["both", "key", "value"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_edge_buckets_match_literal_equations(buckets, clip, shared, terms, causal):
+    """model.edge_buckets: a_ij = w_{bucket(j - i)} with T5's buckets up to k, pair by pair, with padding and at
+    a decoding offset; the expanded (2k+1)-row table (what the kernel and CTranslate2 read) gives the same."""
+    from nmt.kernels.window import distance_rows
+    from tests.test_positions import t5_bucket_reference
+
+    g = torch.Generator().manual_seed(buckets + clip)
+    q, k, v = (torch.randn(2, 3, 9, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    table = (buckets, 4) if shared else (3, buckets, 4)
+    rk = torch.randn(*table, generator=g, dtype=torch.float64) if terms in ("both", "key") else None
+    rv = torch.randn(*table, generator=g, dtype=torch.float64) if terms in ("both", "value") else None
+    row = lambda distance: t5_bucket_reference(distance, not causal, buckets, clip)  # noqa: E731
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[1, 6:] = True
+    got = relation_aware_attention(q, k, v, rk, rv, clip, pad, causal, edge_buckets=buckets)
+    want = literal_attention(q, k, v, rk, rv, clip, pad, causal, row=row)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    if causal:  # one query at offset 6 against the 7 keys so far (incremental decoding)
+        step = relation_aware_attention(q[:, :, 6:7], k[:, :, :7], v[:, :, :7], rk, rv, clip, causal=True,
+                                        q_offset=6, edge_buckets=buckets)
+        want = literal_attention(q[:, :, 6:7], k[:, :, :7], v[:, :, :7], rk, rv, clip, causal=True, q_offset=6,
+                                 row=row)
+        torch.testing.assert_close(step, want, rtol=1e-10, atol=1e-10)
+    rows = distance_rows(clip, buckets, causal)
+    expanded = [None if t is None else t.index_select(-2, rows) for t in (rk, rv)]
+    torch.testing.assert_close(relation_aware_attention(q, k, v, *expanded, clip, pad, causal), got,
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_edge_buckets_gradients_match_gradcheck(causal):
+    """The hand-written backward (a^V on) and autograd (a^K only) with N bucket rows."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 7, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    rk, rv = (torch.randn(2, 8, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    for tables in ((rk, rv), (rk,)):
+        fn = lambda q, k, v, rk, rv=None: relation_aware_attention(  # noqa: E731
+            q, k, v, rk, rv, 12, causal=causal, edge_buckets=8)
+        assert torch.autograd.gradcheck(fn, (q, k, v, *tables))
+
+
+def test_edge_buckets_are_exact_near_and_saturate_at_k():
+    """16 buckets up to k = 40: the encoder's distances -3..3 each their own vector (exact below 16/4 = 4 each way),
+    coarser with distance, every distance from k on in one vector per direction; the decoder's 0..7 exact."""
+    from nmt.kernels.window import LogBuckets
+
+    encoder = LogBuckets(40, 16, causal=False).buckets(1, 121, 60, None)[0].tolist()  # distances -60..60
+    at = lambda d: encoder[d + 60]  # noqa: E731
+    assert len({at(d) for d in range(-3, 4)}) == 7
+    assert {at(d) for d in range(40, 61)} == {15} and {at(-d) for d in range(40, 61)} == {7}
+    assert all(at(d) <= at(d + 1) for d in range(1, 60)) and all(at(-d) <= at(-d - 1) for d in range(60))
+    assert at(4) == at(5) and len({at(d) for d in range(4, 40)}) == 4  # the logarithmic buckets between
+    decoder = LogBuckets(40, 16, causal=True).buckets(1, 61, 60, None)[0].tolist()  # distances -60..0
+    assert decoder[-8:] == [7, 6, 5, 4, 3, 2, 1, 0] and set(decoder[:21]) == {15}
+
+
+def test_wrong_bucket_count_is_refused():
+    q, k, v, rk, rv = make_inputs(clip=2)  # 5 rows
+    with pytest.raises(ValueError, match="edge_buckets=8 needs 8"):
+        relation_aware_attention(q, k, v, rk, rv, 12, edge_buckets=8)
+
+
 @pytest.mark.parametrize("terms", ["both", "key"])
 def test_many_buckets_path_matches_literal_and_autograd(terms, monkeypatch):
     """Long sequences with a large k take the scatter_add path instead of the one-hot GEMM."""
@@ -243,7 +311,7 @@ def test_self_attention_weights_are_the_literal_alphas(shared):
     assert got[1, :, :, 3:].eq(0).all()  # no weight on padding
 
 
-@pytest.mark.parametrize("position", ["relative", "absolute", "t5", "alibi", "rope"])
+@pytest.mark.parametrize("position", ["relative", "edge_buckets", "absolute", "t5", "alibi", "rope"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_self_attention_weights_are_the_ones_forward_uses(position, causal):
     """The weights reported for analysis, with the stack's positions (T5's and ALiBi's bias, RoPE's rotation, the
@@ -252,8 +320,11 @@ def test_self_attention_weights_are_the_ones_forward_uses(position, causal):
     from nmt.model import self_attention_positions, stack_positions
 
     torch.manual_seed(0)
+    buckets = 8 if position == "edge_buckets" else 0
+    position = "relative" if buckets else position
     cfg = ModelConfig(position=position, d_model=16, heads=2, clip=2, dropout=0.0)
-    layer = MultiHeadAttention(16, 2, clip=2 if position == "relative" else None).double().eval()
+    layer = MultiHeadAttention(16, 2, clip=(12 if buckets else 2) if position == "relative" else None,
+                               edge_buckets=buckets).double().eval()
     scheme = self_attention_positions(cfg, causal)
     scheme = scheme.double() if scheme is not None else None
     if position == "t5":

@@ -18,7 +18,8 @@ from tests.conftest import ROOT, micro_config, multi30k_lines
 ctranslate2 = pytest.importorskip("ctranslate2")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 EXPORTABLE = {"absolute": {}, "learned": {}, "none": {}, "relative": {}, "relative_key_only": {"rel_value": False},
-              "t5": {"t5_buckets": 8, "t5_max_distance": 16}, "rope": {}}
+              "t5": {"t5_buckets": 8, "t5_max_distance": 16}, "rope": {},
+              "relative_buckets": {"edge_buckets": 8, "clip": 20}}
 
 
 def trained(prepared, directory, **model) -> str:
@@ -41,7 +42,7 @@ def sentences(prepared):
 def test_an_export_translates_token_for_token_as_relnmt(prepared, sentences, tmp_path, name):
     """Greedy: every line the same. Beam 4 at alpha 0: every line that ends before its length limit (at the limit
     relnmt scores the end of sentence it forces, CTranslate2 stops without one)."""
-    position = name.removesuffix("_key_only")
+    position = name.removesuffix("_key_only").removesuffix("_buckets")
     checkpoint = trained(prepared, tmp_path / "run", position=Position(position), **EXPORTABLE[name])
     model, vocab = load_translator(checkpoint, torch.device("cpu"))
     exported, _ = load_translator(export(checkpoint, tmp_path / "ct2"), torch.device("cpu"))

@@ -243,3 +243,18 @@ def test_a_passed_case_that_is_slower_than_the_pytorch_path_is_not_adopted(monke
     times = itertools.cycle([0.0, 1.0, 0.0, 3.0])  # kernel 1 s per call, PyTorch path 3 s: the kernel stays
     monkeypatch.setattr("time.perf_counter", lambda: next(times))
     assert slower_than_torch(case, torch.device(DEVICE), repeats=1, shape=(2, 2, 20)) is None
+
+
+def test_a_window_wider_than_the_kernel_holds_takes_the_pytorch_path_said_once(monkeypatch):
+    """k = 40 over 40 keys reaches 79 edge vectors (> MAX_BUCKETS): the PyTorch path, with one warning per job."""
+    calls = []
+    monkeypatch.setattr(kernel, "relative_attention", lambda *a, **kw: calls.append(a))
+    q, k, v, rk, rv = inputs(nq=40, nk=40, clip=40)
+    backend = checked_backend()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            out = relation_aware_attention(*on_device(q, k, v, rk, rv), 40, backend=backend)
+    assert calls == [] and out.shape == q.shape
+    said = fallback_warnings(record)
+    assert len(said) == 1 and "at most 64 edge vectors" in str(said[0].message) and "79" in str(said[0].message)

@@ -174,19 +174,20 @@ def test_custom_op_is_traceable_without_graph_breaks():
     torch.testing.assert_close(grads, torch.autograd.grad(want.sum(), (q, rk, rv)), **TOL)
 
 
-def micro_model(share_heads, backend=None):
+def micro_model(share_heads, backend=None, **model):
     from nmt.model import Transformer
     from tests.conftest import micro_config
 
     torch.manual_seed(0)
-    cfg = micro_config(decoder_layers=2, clip=3, dropout=0.0, share_heads=share_heads)
+    cfg = micro_config(**{"decoder_layers": 2, "clip": 3, "dropout": 0.0, "share_heads": share_heads, **model})
     return Transformer(cfg, 40, backend).to(DEVICE, DTYPE)
 
 
-@pytest.mark.parametrize("share_heads", [False, True])
-def test_whole_model_through_the_kernel(share_heads):
+@pytest.mark.parametrize("share_heads,fields", [(False, {}), (True, {}), (False, {"edge_buckets": 8, "clip": 12})])
+def test_whole_model_through_the_kernel(share_heads, fields):
     """A Transformer's loss and gradients are the same through the kernel as through the CPU path, and its
-    incremental decoding (one query at an offset, against the cache) equals teacher forcing."""
+    incremental decoding (one query at an offset, against the cache) equals teacher forcing; with edge buckets
+    the kernel reads the expanded tables, the PyTorch path the N bucket rows."""
     from nmt.model import BOS, PAD
     from tests.test_model import incremental_logits
 
@@ -197,7 +198,7 @@ def test_whole_model_through_the_kernel(share_heads):
     src, tgt = src.to(DEVICE), tgt.to(DEVICE)
     results = {}
     for backend in ("torch", "triton"):
-        model = micro_model(share_heads, AttentionBackend(backend))
+        model = micro_model(share_heads, AttentionBackend(backend), **fields)
         logits = model(src, tgt)
         logits.logsumexp(-1).sum().backward()
         results[backend] = [logits.detach()] + [p.grad for p in model.parameters()]

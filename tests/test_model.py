@@ -59,11 +59,12 @@ def incremental_logits(model, src, tgt):
     return torch.cat(steps, 1)
 
 
-@pytest.mark.parametrize("position", list(Position))
+@pytest.mark.parametrize("position", [*Position, "edge_buckets"])
 @pytest.mark.parametrize("norm", list(Norm))
 @pytest.mark.parametrize("share_heads", [False, True])
 def test_incremental_decoding_equals_teacher_forcing(position, norm, share_heads):
-    model = small_model(position=position, norm=norm, share_heads=share_heads)
+    buckets = dict(position=Position.relative, edge_buckets=8, clip=12) if position == "edge_buckets" else {}
+    model = small_model(**{"position": position, "norm": norm, "share_heads": share_heads, **buckets})
     src = tokens(3, 7)
     src[1, 5:] = PAD
     tgt = torch.cat([torch.full((3, 1), BOS), tokens(3, 8, seed=2)], 1)
@@ -140,3 +141,16 @@ def test_each_mode_builds_exactly_the_tables_its_predicates_name(position):
     assert (model.encoder_positions is not None) == (model.decoder_positions is not None) == position.input_table
     if position.input_table:
         assert model.encoder_positions.weight.shape == (model.cfg.max_positions, model.cfg.d_model)
+
+
+def test_edge_buckets_build_n_rows_per_table_and_are_refused_outside_relative():
+    from nmt.config import ConfigError
+
+    model = small_model(edge_buckets=8, clip=12)
+    for layer in (model.encoder[0], model.decoder[0]):
+        assert layer.self_attn.rel_k.shape == (4, 8, 8) and layer.self_attn.rel_v.shape == (4, 8, 8)
+    assert model.decoder[0].cross_attn.rel_k is None
+    for overrides, field in ((dict(position=Position.t5), "model.edge_buckets"), (dict(edge_buckets=7), "edge_buckets"),
+                             (dict(clip=4), "model.edge_buckets"), (dict(position=Position.both), "model.edge_buckets")):
+        with pytest.raises(ConfigError, match=field):
+            micro_config(**{"edge_buckets": 8, "clip": 12, **overrides}).check()

@@ -2,6 +2,7 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -94,10 +95,14 @@ def test_t5_bias_tables_get_their_own_rate():
     assert len(make_optimizer(model, OptimConfig()).param_groups) == 1  # the default: one group, as checkpoints hold
 
 
-def test_exact_resume(prepared, tmp_path):
-    run(job(prepared, tmp_path / "straight", max_steps=6))
-    run(job(prepared, tmp_path / "resumed", max_steps=3))
-    run(job(prepared, tmp_path / "resumed", max_steps=6))  # the same command, extended: resumes at 3
+@pytest.mark.parametrize("model", [{}, {"edge_buckets": 8, "clip": 12}])
+def test_exact_resume(prepared, tmp_path, model):
+    def job_of(out, steps):
+        return replace(job(prepared, out, max_steps=steps), model=micro_config(**model))
+
+    run(job_of(tmp_path / "straight", 6))
+    run(job_of(tmp_path / "resumed", 3))
+    run(job_of(tmp_path / "resumed", 6))  # the same command, extended: resumes at 3
     a, b = params(tmp_path / "straight" / LAST), params(tmp_path / "resumed" / LAST)
     assert load_checkpoint(tmp_path / "resumed" / LAST)["step"] == 6
     for name in a:

@@ -79,10 +79,15 @@ class AttentionBackend:
         self.devices, self.dtypes, self.head_dims = devices, dtypes, head_dims
         self.verdicts: dict[Case, bool] = {}
         self.lazy = True  # test unchecked cases on first eager use (off under DDP: ranks must agree)
+        self.wide_logged = False  # whether the fall-back of windows wider than the kernel holds was said
 
     def case(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool, dropout_p: float
              ) -> Case | None:
         """The call's case, or None where auto cannot use the kernel at all."""
+        if buckets > MAX_BUCKETS and not self.wide_logged and q.device.type in self.devices:
+            self.wide_logged = True  # large k on long sentences (or edge buckets' expanded tables): said once
+            warnings.warn(f"fused relative attention holds at most {MAX_BUCKETS} edge vectors per call; calls whose "
+                          f"window is wider ({buckets} here) use the PyTorch path", KernelFallbackWarning, stacklevel=3)
         if buckets > MAX_BUCKETS or not fits_grid(q.shape[0], q.shape[1], max(q.shape[2], 1)):
             return None
         case = case_of(q, rel_k, rel_v, buckets, key_padding_mask is not None, causal, dropout_p)

@@ -41,7 +41,8 @@ REFERENCE = {
     "table1": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute"},
     "table2": {f"k{k}": "k16" for k in (0, 1, 2, 4, 64)},
     "table3": {"key": "key+value", "value": "key+value", "neither": "key+value"},
-    "length": {"relative": "absolute", **{row: ("absolute", "relative") for row in ("learned", "t5", "alibi", "rope")}},
+    "length": {"relative": "absolute",
+               **{row: ("absolute", "relative") for row in ("learned", "t5", "alibi", "rope", "buckets")}},
     "descendants": {**{f"{pair}.relative": f"{pair}.absolute" for pair in ("en-de", "en-fr")},
                     **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then Shaw
                        for pair in ("en-de", "en-fr") for row in ("learned", "both", "none", "t5", "alibi")},
@@ -49,15 +50,18 @@ REFERENCE = {
                     "en-de.t5_lr10": ("en-de.absolute", "en-de.t5"),
                     # RoPE also against the best of the earlier rows, sinusoids with edge tables
                     **{f"{pair}.rope": (f"{pair}.absolute", f"{pair}.relative", f"{pair}.both")
-                       for pair in ("en-de", "en-fr")}},
+                       for pair in ("en-de", "en-fr")},
+                    # Shaw's vectors by T5's buckets: against Shaw's clip, then T5's bias on the same buckets
+                    **{f"{pair}.buckets": (f"{pair}.relative", f"{pair}.t5") for pair in ("en-de", "en-fr")}},
     "beyond": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute", "en-de.shared": "en-de.relative",
                **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then relative
                   for pair in ("en-de", "en-fr") for row in ("learned", "both")}},
 }
 DESCENDANTS = ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")
-ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope"],
+ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope", "buckets"],
          "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr")
-                         for row in (*DESCENDANTS[:6], *(("t5_lr10",) if pair == "en-de" else ()), *DESCENDANTS[6:])],
+                         for row in (*DESCENDANTS[:6], *(("t5_lr10",) if pair == "en-de" else ()), *DESCENDANTS[6:],
+                                     "buckets")],
          "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
@@ -68,7 +72,7 @@ BLEU_BLOCKS = ("table1", "table2", "table3", "beyond", "descendants")
 # The length study's rows, in two blocks of results/README.md: the paper's section (with learned positions) and
 # the descendants'.
 LENGTH_BLOCKS = {"length": ("absolute", "relative", "learned"),
-                 "descendants-length": ("absolute", "relative", "t5", "alibi", "rope")}
+                 "descendants-length": ("absolute", "relative", "t5", "alibi", "rope", "buckets")}
 
 
 def load_runs(results: Path, table: str, rescore: tuple[str, ...] = SCORES) -> dict[str, dict[int, dict]]:

@@ -138,3 +138,32 @@ def test_the_repeat_task_asks_for_the_successor_of_the_first_occurrence():
         assert (targets[:, :half] == -100).all() and (targets[:, -1] == -100).all()
         for j in range(half, length - 1):  # the symbol after the current one's first occurrence, N/2 - 1 back
             assert torch.equal(targets[:, j], symbols[:, j - half + 1])
+
+
+def test_attention_preference_by_distance_reads_each_modes_real_weights(prepared, tmp_path):
+    """--by-mode's ratio (observed over evenly spread mass): about 1 at every distance for a model with no position
+    at all, falling with |j - i| under ALiBi's bias even before training, in encoder and decoder alike."""
+    from experiments.plot_attention_distance import by_mode_lines, preference_by_distance
+    from nmt.config import OptimConfig, TrainConfig, TrainJob
+    from nmt.modes import Position
+    from nmt.train import run
+    from tests.conftest import micro_config, multi30k_lines
+
+    sources, targets = multi30k_lines("test_2016_flickr", "en", 60), multi30k_lines("test_2016_flickr", "de", 60)
+    results = {}
+    for position in (Position.none, Position.alibi):
+        out = tmp_path / position.value
+        run(TrainJob(model=micro_config(position=position, dropout=0.0, heads=4), data=prepared,
+                     optim=OptimConfig(warmup=2), train=TrainConfig(max_steps=2, max_tokens=600, save_every_steps=2,
+                                                                   valid_every=0, threads=1, output_dir=str(out),
+                                                                   average_last=1)))
+        results[position] = preference_by_distance(out / "averaged.pt", sources, targets, 8)
+    d = results[Position.none]["distances"]
+    for side in ("encoder", "decoder"):
+        flat = results[Position.none]["ratio"][side][0]
+        assert all(0.8 < flat[d.index(x)] < 1.25 for x in (-8, -4, -1))
+        falling = results[Position.alibi]["ratio"][side][0]
+        assert falling[d.index(-1)] > 1.2 and falling[d.index(-1)] > falling[d.index(-4)] > falling[d.index(-8)], falling
+    later = results[Position.none]["ratio"]["decoder"][0][d.index(1)]
+    assert later != later  # NaN: no decoder query sees a later key
+    assert results[Position.alibi]["mode"] == "alibi" and len(by_mode_lines(list(results.values()))) == 2 + 2 * 2

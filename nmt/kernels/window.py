@@ -85,5 +85,6 @@ class LogBuckets:
         return table
 
     def buckets(self, nq: int, nk: int, q_offset: int, device) -> Tensor:
-        distance = torch.arange(nk, device=device)[None, :] - torch.arange(q_offset, q_offset + nq, device=device)[:, None]
+        queries = torch.arange(q_offset, q_offset + nq, device=device)
+        distance = torch.arange(nk, device=device)[None, :] - queries[:, None]  # (Nq, Nk), j - i
         return t5_bucket(distance, not self.causal, self.num_buckets, self.clip)

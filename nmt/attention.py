@@ -62,8 +62,8 @@ def relation_aware_attention(
         from nmt.kernels import relative_attention as fused_kernel
 
         if edge_buckets:  # the kernel reads clipped tables: the buckets' vectors at each distance -k..k
-            rows = distance_rows(clip, edge_buckets, causal, q.device)
-            rel_k, rel_v = (None if t is None else t.index_select(-2, rows) for t in (rel_k, rel_v))
+            by_distance = distance_rows(clip, edge_buckets, causal, q.device)
+            rel_k, rel_v = (None if t is None else t.index_select(-2, by_distance) for t in (rel_k, rel_v))
         return fused_kernel.relative_attention(q, k, v, rel_k, rel_v, window, key_padding_mask, causal, q_offset,
                                                dropout_p)
     if relative and edge_buckets:  # the PyTorch path reads the N vectors directly: R = N, not the window

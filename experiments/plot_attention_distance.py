@@ -131,12 +131,13 @@ def preference_by_distance(checkpoint: Path, sources: list[str], targets: list[s
                     even[side][index, :, slot] += spread[..., offset == d].sum(dim=0).sum().double()
     for hook in hooks:
         hook.remove()
-    ratio = {side: mass[side].sum(1) / even[side].sum(1).clamp(min=1e-12) for side in sides}  # heads pooled
-    for side, r in ratio.items():
-        r[even[side].sum(1) == 0] = float("nan")  # distances no query reaches (the decoder's future)
+    def observed_over_even(observed, spread):  # NaN at distances no query reaches (the decoder's future)
+        return (observed / spread.clamp(min=1e-12)).masked_fill(spread == 0, float("nan"))
+
+    ratio = {side: observed_over_even(mass[side].sum(1), even[side].sum(1)) for side in sides}  # heads pooled
     return {"checkpoint": str(checkpoint), "mode": mode_label(model.cfg), "distances": distances.tolist(),
             "sentences": len(pairs), "ratio": {side: r.tolist() for side, r in ratio.items()},
-            "ratio_per_head": {side: (mass[side] / even[side].clamp(min=1e-12)).tolist() for side in sides}}
+            "ratio_per_head": {side: observed_over_even(mass[side], even[side]).tolist() for side in sides}}
 
 
 def plot_by_mode(results: list[dict], output: Path) -> None:

@@ -196,7 +196,7 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
         "total_minutes": round((time.monotonic() - started) / 60, 2),
         "device": machine(device), "threads": torch.get_num_threads(),
         "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
-                                                              "share_heads")},
+                                                              "share_heads", "edge_buckets")},
         "config": resolved,
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nmt.checkpoint import CheckpointError
+from nmt.config import ModelConfig
 
 
 def check_same_model(state: dict, job: dict, vocab_size: int, out: Path) -> None:
@@ -17,7 +18,8 @@ def check_same_model(state: dict, job: dict, vocab_size: int, out: Path) -> None
     def shown(value):
         return str(value).lower() if isinstance(value, bool) else value
 
-    theirs = state.get("config", {}).get("model", {})
+    # a field added to the schema after the folder's run was saved held its default there
+    theirs = {**vars(ModelConfig()), **state.get("config", {}).get("model", {})}
     fields = [f"model.{name}={shown(model.get(name))} (the folder's run: {shown(theirs.get(name))})"
               for name in sorted(set(model) | set(theirs)) if model.get(name) != theirs.get(name)]
     saved_vocab = state["model"]["embed.weight"].shape[0]

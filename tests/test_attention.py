@@ -345,3 +345,12 @@ def test_self_attention_weights_are_the_ones_forward_uses(position, causal):
     assert torch.allclose(alpha.sum(-1)[0], torch.ones(2, 6, dtype=torch.float64))  # every real query's row sums to 1
     if causal:
         assert alpha[..., 0, 1:].eq(0).all()  # the first query sees only itself
+
+
+def test_edge_buckets_that_would_divide_by_log_one_are_refused():
+    """k <= N/2 leaves no room for the logarithmic buckets (T5's log(k / exact) would be <= 0): a ValueError, not
+    garbage indices."""
+    q, k, v, _, _ = make_inputs()
+    table = torch.randn(3, 8, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="below 2 x clip=4"):
+        relation_aware_attention(q, k, v, table, table, 4, causal=True, edge_buckets=8)

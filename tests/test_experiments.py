@@ -26,7 +26,7 @@ def test_train_and_score_records_what_it_ran(prepared, tmp_path):
                               "train.seed=7"], tmp_path / "run", split="test")
     assert result["pair"] == "en-de" and result["seed"] == 7 and result["updates"] == 4
     assert result["model"] == {"position": "relative", "clip": 3, "rel_key": True, "rel_value": False,
-                               "share_heads": False}
+                               "share_heads": False, "edge_buckets": 0}
     assert result["averaged_from"] == ["checkpoint_0000002.pt", "checkpoint_0000004.pt"]
     hyps = (tmp_path / "run" / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
     assert len(hyps) == result["sentences"] == 15

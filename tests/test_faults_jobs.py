@@ -136,3 +136,22 @@ def test_buffer_lines_must_be_positive(checkpoint, value):
     done = subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", f"buffer_lines={value}"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120, input="")
     assert done.returncode == 2 and f"buffer_lines={value} is invalid" in done.stderr
+
+
+def test_a_run_saved_before_a_model_field_existed_resumes_at_its_default(tmp_path):
+    """A checkpoint whose config predates model.edge_buckets is the same model at edge_buckets=0 (its default),
+    and another model at any other value."""
+    import dataclasses
+
+    import torch
+
+    from nmt.checkpoint import CheckpointError
+    from nmt.resume import check_same_model
+    from tests.conftest import micro_config
+
+    model = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(micro_config()).items()}
+    older = {k: v for k, v in model.items() if k != "edge_buckets"}
+    state = {"config": {"model": older, "optim": {}}, "model": {"embed.weight": torch.zeros(40, 32)}}
+    check_same_model(state, {"model": model, "optim": {}}, 40, tmp_path)
+    with pytest.raises(CheckpointError, match=r"model.edge_buckets=8 \(the folder's run: 0\)"):
+        check_same_model(state, {"model": {**model, "edge_buckets": 8, "clip": 12}, "optim": {}}, 40, tmp_path)

@@ -258,3 +258,17 @@ def test_a_window_wider_than_the_kernel_holds_takes_the_pytorch_path_said_once(m
     assert calls == [] and out.shape == q.shape
     said = fallback_warnings(record)
     assert len(said) == 1 and "at most 64 edge vectors" in str(said[0].message) and "79" in str(said[0].message)
+
+
+def test_a_wide_window_under_torch_compile_is_one_graph_and_says_nothing():
+    """Under compile the window is the whole table (2k+1 = 81 > 64 rows): the PyTorch path, traced whole
+    (fullgraph: a warning would break the graph)."""
+    q, k, v, rk, rv = inputs(nq=12, nk=12, clip=40)
+    backend = checked_backend()
+    fn = torch.compile(lambda *t: relation_aware_attention(*t, 40, backend=backend), fullgraph=True,
+                       backend="aot_eager")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = fn(*on_device(q, k, v, rk, rv))
+    assert fallback_warnings(record) == [] and not backend.wide_logged
+    torch.testing.assert_close(got, relation_aware_attention(*on_device(q, k, v, rk, rv), 40), **TOL)

@@ -84,7 +84,9 @@ class AttentionBackend:
     def case(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool, dropout_p: float
              ) -> Case | None:
         """The call's case, or None where auto cannot use the kernel at all."""
-        if buckets > MAX_BUCKETS and not self.wide_logged and q.device.type in self.devices:
+        # said in eager code only: under torch.compile the window is the whole table and a warning breaks the graph
+        if not torch.compiler.is_compiling() and buckets > MAX_BUCKETS and not self.wide_logged \
+                and q.device.type in self.devices:
             self.wide_logged = True  # large k on long sentences (or edge buckets' expanded tables): said once
             warnings.warn(f"fused relative attention holds at most {MAX_BUCKETS} edge vectors per call; calls whose "
                           f"window is wider ({buckets} here) use the PyTorch path", KernelFallbackWarning, stacklevel=3)

@@ -77,6 +77,11 @@ class LogBuckets:
     num_buckets: int
     causal: bool
 
+    def __post_init__(self):
+        if self.num_buckets < 4 or self.num_buckets % 2 or self.clip <= self.num_buckets // 2:
+            raise ValueError(f"edge_buckets={self.num_buckets} must be even, >= 4 and below 2 x clip={self.clip} "
+                             "(k, where the logarithmic buckets end)")
+
     @property
     def size(self) -> int:
         return self.num_buckets

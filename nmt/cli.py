@@ -46,6 +46,23 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     return None
 
 
+def sweep_checks(args: list[str]) -> list[list[str]]:
+    """The override lists that check every value of a -m sweep once: the first cell, then each further value of each
+    swept key with the others at their first (7 + 4 lists for model.clip=0,1,2,4,16,64,256 model.rel_key=...,
+    not 28). Without a sweep, the overrides themselves."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    plain = [arg for arg in args if not arg.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(plain)
+    except Exception:  # noqa: BLE001 -- a syntax error: override_error reports Hydra's own line for it
+        return [plain]
+    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [a]
+              for o, a in zip(parsed, plain)]
+    first = [options[0] for options in values]
+    return [first] + [[*first[:i], option, *first[i + 1:]] for i, options in enumerate(values) for option in options[1:]]
+
+
 def field_descriptions(schema: type) -> dict[str, str]:
     """{field: the comment on its line} of a dataclass (the schema is each description's one home)."""
     source = inspect.getsource(schema)
@@ -232,9 +249,10 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
             if (error := flag_error(args, schema)) is not None:
                 print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
                 sys.exit(EXIT_USER_ERROR)
-            # any flag (-m, --config-name, --cfg, -sc, ...) or a sweep: Hydra's own checks, as they are
-            if not any(arg.startswith(("-", "hydra.mode=")) for arg in args):
-                error = override_error(config_name, args)
+            # a flag (--config-name, --cfg, -sc, ...): Hydra's own checks, as they are; a -m sweep: every value
+            flags = [arg for arg in args if arg.startswith("-") or arg.startswith("hydra.mode=")]
+            if all(flag in ("-m", "--multirun") for flag in flags):
+                error = next(filter(None, (override_error(config_name, cell) for cell in sweep_checks(args))), None)
                 if error is not None:
                     print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
                     sys.exit(EXIT_USER_ERROR)

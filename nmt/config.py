@@ -165,6 +165,8 @@ class TrainConfig:
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
+    score_split: str = "test"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: test | valid
+    score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
 
     def check(self) -> "TrainConfig":
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
@@ -178,7 +180,21 @@ class TrainConfig:
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
+        require(self.score_split in ("test", "valid"), "train.score_split", self.score_split, "test or valid")
+        require(self.score_lines >= 0, "train.score_lines", self.score_lines, ">= 0 (0 = all)")
         return self
+
+
+# What only extends, observes or places a run: these train.* fields may differ when a folder's run is resumed
+# (nmt/resume.py) and stay out of a sweep cell's folder name (nmt/run_names.py). Every other field of model, optim and
+# train defines the run, and so do the data (compared by what was prepared: nmt/data/pipeline.py's identity) and the
+# effective batch (W x max_tokens x F: the launch may change W and F, not their product).
+RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_minutes", "keep_last", "average_last",
+                  "log_every", "valid_every", "valid_bleu_sentences", "max_bad_updates", "output_dir", "device",
+                  "threads", "compile", "attention", "tokens_per_update", "update_freq", "score_split", "score_lines")
+# Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
+# digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
+DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines")
 
 
 @dataclass
@@ -284,9 +300,10 @@ def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from nmt.run_names import data_label, model_overrides_suffix
+    from nmt.run_names import cell_name, data_label, model_overrides_suffix
 
     OmegaConf.register_new_resolver("model_overrides", model_overrides_suffix, replace=True)
+    OmegaConf.register_new_resolver("cell_name", cell_name, replace=True)
     OmegaConf.register_new_resolver("data_label", data_label, replace=True)
 
     store = ConfigStore.instance()

@@ -21,11 +21,11 @@ import time
 from enum import Enum
 from pathlib import Path
 
-import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.batch import micro_batches
+from nmt.cell import decode_and_score
 from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.cli import ends_in_one_line
 from nmt.config import (
@@ -37,12 +37,8 @@ from nmt.config import (
     TrainJob,
     register_schemas,
 )
-from nmt.data.pipeline import prepared_dir
-from nmt.data.readers import read_lines
-from nmt.decode import load_translator, translate_lines
 from nmt.folder_lock import lock_folder
-from nmt.runtime import machine, resolve_device, retain_freed_memory
-from nmt.score import score
+from nmt.runtime import retain_freed_memory
 from nmt.train import run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -172,29 +168,14 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     run(job)  # prepares the data first (a no-op when up to date)
     train_minutes = (time.monotonic() - started) / 60
 
-    data_dir = prepared_dir(job.data)
-    device = resolve_device(job.train.device)
-    model, vocab = load_translator(output / "averaged.pt", device)
-    sources = list(read_lines(data_dir / f"{split}.{job.data.src}"))[:lines]
-    refs = list(read_lines(data_dir / f"{split}.{job.data.tgt}"))[:lines]
-    log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
-    decode_start = time.monotonic()
-    hyps = translate_lines(model, vocab, sources, search, device, progress=True)
-    decode_seconds = time.monotonic() - decode_start
-    hyp_path = output / f"{split}.hyp.{job.data.tgt}"
-    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-
+    scored = decode_and_score(output / "averaged.pt", job.data, split, search, output, lines, job.train.device, log)
     averaged = load_checkpoint(output / "averaged.pt")
     write_json(output / RECORD, {"identity": identity, "finished": True})
     return {
-        **score(hyps, refs, job.data.tgt),
-        "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
-        "ref": str(data_dir / f"{split}.{job.data.tgt}"), "hyp": hyp_path.name,
+        **scored,
         "overrides": overrides, "seed": job.train.seed,
         "updates": averaged["step"], "averaged_from": averaged["averaged_from"],
-        "train_minutes": round(train_minutes, 2), "decode_seconds": round(decode_seconds, 1),
-        "total_minutes": round((time.monotonic() - started) / 60, 2),
-        "device": machine(device), "threads": torch.get_num_threads(),
+        "train_minutes": round(train_minutes, 2), "total_minutes": round((time.monotonic() - started) / 60, 2),
         "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
                                                               "share_heads", "edge_buckets")},
         "config": resolved,

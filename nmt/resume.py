@@ -1,43 +1,62 @@
-"""A resumed run is the same run: the folder's checkpoint against this job's model, vocabulary and prepared data,
-refused in one line (CheckpointError) naming what differs."""
+"""A resumed run is the same run: the folder's checkpoint against this job's model, optimizer, schedule, batch,
+seed, vocabulary and prepared data, refused in one line (CheckpointError) naming what differs."""
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 
+from nmt.batch import micro_batches
 from nmt.checkpoint import CheckpointError
-from nmt.config import ModelConfig
+from nmt.config import RUN_EXTENSIONS, ModelConfig, OptimConfig, TrainConfig
 
 
-def check_same_model(state: dict, job: dict, vocab_size: int, out: Path) -> None:
-    """Resuming continues the run in the folder: refused (CheckpointError naming the fields) when this job's model
-    (the plain fields of job["model"]) or vocabulary is another one than the folder's run, whose weights would not
-    load, or its optimizer's parameter groups differ (check_same_optimizer)."""
-    check_same_optimizer(state, job["optim"], out)
-    model = job["model"]
-    def shown(value):
-        return str(value).lower() if isinstance(value, bool) else value
-
+def check_same_run(state: dict, job: dict, vocab_size: int, batch: int, out: Path) -> None:
+    """Resuming continues the run in the folder: refused (CheckpointError naming every field that differs) when this
+    job is another run than the folder's: another model (whose weights would not load), vocabulary, optimizer or
+    schedule, seed, precision, micro-batch or effective batch (`batch`: W x max_tokens x F tokens per update). What
+    only extends, observes or places a run (nmt.config.RUN_EXTENSIONS: max_steps, save and log cadence, device, ...)
+    may change; the data is compared by check_same_data."""
+    saved = state.get("config", {})
     # a field added to the schema after the folder's run was saved held its default there
-    theirs = {**vars(ModelConfig()), **state.get("config", {}).get("model", {})}
-    fields = [f"model.{name}={shown(model.get(name))} (the folder's run: {shown(theirs.get(name))})"
-              for name in sorted(set(model) | set(theirs)) if model.get(name) != theirs.get(name)]
+    schemas = {"model": ModelConfig(), "optim": OptimConfig(), "train": TrainConfig()}
+    fields = []
+    for section, schema in schemas.items():
+        defaults = {name: plain(value) for name, value in vars(schema).items()}
+        ours, theirs = {**defaults, **job.get(section, {})}, {**defaults, **saved.get(section, {})}
+        fields += [f"{section}.{name}={shown(ours.get(name))} (the folder's run: {shown(theirs.get(name))})"
+                   for name in sorted(set(ours) | set(theirs))
+                   if ours.get(name) != theirs.get(name) and not (section == "train" and name in RUN_EXTENSIONS)]
+    their_batch = saved_batch(state)
+    if their_batch is not None and their_batch != batch:
+        fields.append(f"an effective batch of {batch} tokens (the folder's run: {their_batch})")
     saved_vocab = state["model"]["embed.weight"].shape[0]
     if saved_vocab != vocab_size:
         fields.append(f"a vocabulary of {vocab_size} (the folder's run: {saved_vocab})")
     if fields:
-        raise CheckpointError(f"{out} holds a run of another model: {'; '.join(fields)}. Set train.output_dir to "
-                              f"another folder, or remove {out} to start this one afresh")
+        raise CheckpointError(f"{out} holds another run: {'; '.join(fields)}. Resume it with the folder's values, set "
+                              f"train.output_dir to another folder, or remove {out} to start this one afresh")
 
 
-def check_same_optimizer(state: dict, optim: dict, out: Path) -> None:
-    """Resuming keeps the optimizer's parameter groups: refused (CheckpointError) when optim.bias_lr_scale, which
-    makes T5's tables a group of their own at their own rate, differs from the folder's run."""
-    theirs = state.get("config", {}).get("optim", {}).get("bias_lr_scale", 1.0)
-    if optim.get("bias_lr_scale", 1.0) != theirs:
-        raise CheckpointError(f"{out} holds a run with optim.bias_lr_scale={theirs:g}, not "
-                              f"{optim.get('bias_lr_scale', 1.0):g}: resume it with that value, or set "
-                              "train.output_dir to another folder")
+def saved_batch(state: dict) -> int | None:
+    """The effective batch (padded tokens per update) of a saved run, None where the checkpoint cannot say."""
+    train = state.get("config", {}).get("train", {})
+    if "max_tokens" not in train or "world_size" not in state:
+        return None
+    world_size = state["world_size"]
+    launch = SimpleNamespace(tokens_per_update=train.get("tokens_per_update", 0), max_tokens=train["max_tokens"],
+                             update_freq=train.get("update_freq"))
+    return world_size * train["max_tokens"] * micro_batches(launch, world_size)
+
+
+def plain(value):
+    """A schema default as a checkpoint's config holds it (enums as their value)."""
+    return value.value if isinstance(value, Enum) else value
+
+
+def shown(value):
+    return str(value).lower() if isinstance(value, bool) else value
 
 
 def check_same_data(state: dict, identity: dict, spm_model: bytes, out: Path) -> None:

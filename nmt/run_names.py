@@ -3,6 +3,7 @@ through these two resolvers): an ablation gets its own folder, never the preset'
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Optional
@@ -25,3 +26,30 @@ def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
         return preset
     corpus = "_".join(part for part in (Path(train).parent.name, Path(train).name) if part)
     return f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus)
+
+
+def cell_name(overrides) -> str:
+    """A -m sweep cell's folder under the sweep's (configs/train.yaml's hydra.sweep.subdir): the overrides that define
+    its run, sorted, as key-value joined by "+" ("experiment-paper_base+model.clip-4+train.seed-2"). Left out: Hydra's
+    own and the launcher's keys, the model and data presets and the data's places (the sweep folder names the corpus;
+    a run compares the prepared data by content) and what only extends or observes a run (nmt.config.RUN_EXTENSIONS),
+    so the same sweep run again, or longer, continues each cell in its folder, and a cell of another sweep or recipe
+    never shares one. Only letters, digits, "_", "-", "+" and ".", so the folder can be passed back as an override value
+    unquoted; a name over CELL_NAME_MAX characters keeps its start and ends in a digest of the whole."""
+    from nmt.config import DATA_PLACES, RUN_EXTENSIONS
+
+    kept = []
+    for override in map(str, overrides):
+        key, _, value = override.lstrip("+~").partition("=")
+        section, _, field = key.partition(".")
+        if (key.startswith(("hydra.", "hydra/")) or key in ("model", "data")
+                or section == "train" and field in RUN_EXTENSIONS or section == "data" and field in DATA_PLACES):
+            continue
+        kept.append(f"{key}-{value}" if value else f"no-{key}")
+    name = "+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in sorted(kept)) or "defaults"
+    if len(name) > CELL_NAME_MAX:
+        name = f"{name[:CELL_NAME_MAX - 13]}+h{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+    return name
+
+
+CELL_NAME_MAX = 160  # characters: a file name holds 255 bytes, and a path of cells stays readable

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from nmt.cluster import export_ranks, preemption_signal
 from nmt.config import ConfigError, valid_device
 from nmt.modes import Precision
 
@@ -48,8 +49,9 @@ class Env:
 
 
 def setup_env(device_name: str, threads: int = 0) -> Env:
-    """This process's rank and device under torchrun (or alone), its threads or GPU, and the process group
-    (NCCL on CUDA, gloo on the CPU)."""
+    """This process's rank and device under torchrun, as a task of a submitit job (nmt/cluster.py) or alone, its
+    threads or GPU, and the process group (NCCL on CUDA, gloo on the CPU)."""
+    export_ranks()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_name, local_rank)
@@ -231,7 +233,7 @@ AGAIN_AFTER_S = 1.0
 @contextlib.contextmanager
 def stop_signals(announce: bool = True):
     """SIGTERM (SLURM before a time limit or preemption; torchrun passes it on), SIGUSR1 (`#SBATCH
-    --signal=USR1@120`) and a first SIGINT (Ctrl-C at a terminal) only raise a flag: the run ends after the current
+    --signal=USR1@120`), a submitit job's preemption signal (nmt/cluster.py) and a first SIGINT (Ctrl-C at a terminal) only raise a flag: the run ends after the current
     update, on every rank at the same one, with a complete checkpoint. Ctrl-C again raises KeyboardInterrupt: the
     run ends at once, keeping only what was saved. announce: say so on stderr at the first Ctrl-C (rank 0)."""
     state = {"received": None, "at": 0.0}
@@ -249,7 +251,8 @@ def stop_signals(announce: bool = True):
                 os.write(2, b"\nCtrl-C: stopping after this update, with a complete checkpoint "
                             b"(Ctrl-C again to stop at once, without saving)\n")
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    stops = {signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, preemption_signal()} - {None}  # + a submitit job's
+    previous = {sig: signal.signal(sig, handler) for sig in stops}
     try:
         yield state
     finally:

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from nmt.average import averaging_note, checkpoints_to_average, write_average
 from nmt.batch import effective_batch_line, micro_batches
+from nmt.cell import is_sweep_cell, run_cell
 from nmt.checkpoint import Checkpointer, CheckpointError, rank_rng
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
@@ -32,20 +33,9 @@ from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics, UpdateStats
 from nmt.model import Transformer, count_parameters, model_cases
 from nmt.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
-from nmt.resume import check_same_data, check_same_model
-from nmt.runtime import (
-    Env,
-    autocast,
-    autocast_dtype,
-    parallelize,
-    rank0_first,
-    rng_state,
-    set_rng_state,
-    setup_env,
-    setup_logging,
-    stop_signals,
-    sum_over_ranks,
-)
+from nmt.resume import check_same_data, check_same_run
+from nmt.runtime import (Env, autocast, autocast_dtype, parallelize, rank0_first, rng_state, set_rng_state, setup_env,
+                         setup_logging, stop_signals, sum_over_ranks)
 from nmt.validate import Validator
 
 log = logging.getLogger("nmt.train")
@@ -79,6 +69,7 @@ class Trainer:
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
         self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
+        self.stopped_by: str | None = None  # the signal that stopped the run early, where this rank received it
         self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
 
     def state_dict(self, rng: list[dict] | None = None, saved_for: str = "cadence") -> dict:
@@ -173,7 +164,8 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
-            check_same_model(state, job_dict(self.job), self.data.vocab_size, self.out)
+            batch = env.world_size * cfg.max_tokens * self.update_freq
+            check_same_run(state, job_dict(self.job), self.data.vocab_size, batch, self.out)
             check_same_data(state, self.data.identity, self.data.spm_model, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
@@ -214,7 +206,8 @@ class Trainer:
                 log.info("final validation at update %d: loss on the validation set, then greedy BLEU on %d "
                          "sentences", self.step, cfg.valid_bleu_sentences)
             self.final_valid = self.validate.loss(self.model)
-        log_stop(self, stop, signals["received"])
+        self.stopped_by = signals["received"]
+        log_stop(self, stop, self.stopped_by)
         return stop
 
 
@@ -254,6 +247,10 @@ class TrainingStopped(Stopped):
     """SIGTERM or SIGUSR1 ended the run after a complete checkpoint; the same command continues it. nmt.train
     exits 0 done, 2 on bad input, config or checkpoint (one line, no traceback), 75 stopped (nmt/errors.py)."""
 
+    def __init__(self, message: str, signal_name: str | None = None):
+        super().__init__(message)
+        self.signal_name = signal_name  # what this rank received (None: another rank's signal stopped it)
+
 
 def run(job: TrainJob) -> Path:
     """Prepare (rank 0), train (every rank), then average (rank 0, after the process group is gone).
@@ -279,7 +276,7 @@ def run(job: TrainJob) -> Path:
             if env.world_size > 1:
                 dist.destroy_process_group()
         if stop == "signal":
-            raise TrainingStopped(f"stopped at update {trainer.step}")
+            raise TrainingStopped(f"stopped at update {trainer.step}", trainer.stopped_by)
         if env.main:
             finish(trainer)
     return out
@@ -291,8 +288,11 @@ register_schemas()
 @hydra_job("train", TrainJob, interrupted="stopped at once: the updates since the last checkpoint are lost; run the "
                                            "same command again to continue from it")
 def main(cfg) -> None:
-    run(OmegaConf.to_object(cfg))
-
+    job = OmegaConf.to_object(cfg)
+    if is_sweep_cell():
+        run_cell(job, run)
+    else:
+        run(job)
 
 if __name__ == "__main__":
     main()

@@ -54,7 +54,7 @@ def test_a_folder_of_another_model_is_one_line_and_keeps_its_record(prepared, tm
                            timeout=300)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     error = [line for line in other.stderr.splitlines() if "ERROR" in line]
-    assert len(error) == 1 and "holds a run of another model" in error[0]
+    assert len(error) == 1 and "holds another run" in error[0]
     assert "model.d_model=48 (the folder's run: 32)" in error[0] and "model.rel_value=false" in error[0]
     assert (tmp_path / "config.yaml").read_text() == record
 
@@ -70,7 +70,7 @@ def test_another_rate_for_t5s_tables_is_refused_on_resume_and_outside_t5(prepare
                            text=True, timeout=300)
     assert other.returncode == 2 and "Traceback" not in other.stderr
     error = [line for line in other.stderr.splitlines() if "ERROR" in line]
-    assert len(error) == 1 and "holds a run with optim.bias_lr_scale=1, not 10" in error[0], other.stderr
+    assert len(error) == 1 and "optim.bias_lr_scale=10.0 (the folder's run: 1.0)" in error[0], other.stderr
     relative = subprocess.run(train_command(prepared, tmp_path / "relative", "train.max_steps=2",
                                             "optim.bias_lr_scale=10"), cwd=ROOT, env=ENV, capture_output=True,
                               text=True, timeout=300)
@@ -146,12 +146,12 @@ def test_a_run_saved_before_a_model_field_existed_resumes_at_its_default(tmp_pat
     import torch
 
     from nmt.checkpoint import CheckpointError
-    from nmt.resume import check_same_model
+    from nmt.resume import check_same_run
     from tests.conftest import micro_config
 
     model = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(micro_config()).items()}
     older = {k: v for k, v in model.items() if k != "edge_buckets"}
     state = {"config": {"model": older, "optim": {}}, "model": {"embed.weight": torch.zeros(40, 32)}}
-    check_same_model(state, {"model": model, "optim": {}}, 40, tmp_path)
+    check_same_run(state, {"model": model, "optim": {}}, 40, 4096, tmp_path)
     with pytest.raises(CheckpointError, match=r"model.edge_buckets=8 \(the folder's run: 0\)"):
-        check_same_model(state, {"model": {**model, "edge_buckets": 8, "clip": 12}, "optim": {}}, 40, tmp_path)
+        check_same_run(state, {"model": {**model, "edge_buckets": 8, "clip": 12}, "optim": {}}, 40, 4096, tmp_path)

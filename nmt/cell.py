@@ -1,0 +1,108 @@
+"""A cell of a -m sweep (`python -m nmt.train -m ... model.clip=0,4,16`): a run in a folder named by the overrides
+that define it (configs/train.yaml, nmt/run_names.py), which ends in its score. After training, rank 0 decodes
+train.score_split of the prepared data (beam 4, alpha 0.6) with the checkpoint the recipe leaves (averaged.pt where
+it averages, else checkpoint_last.pt) and writes the score to CELL/result.json, beside the hypotheses. A cell whose
+result.json holds its budget is done: the same sweep run again skips it. `python -m nmt.table SWEEP_FOLDER` collects
+the cells into a table. nmt.experiment decodes and scores its run with the same function."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.cluster import requeue_after
+from nmt.config import DataConfig, SearchConfig, TrainJob
+from nmt.data.pipeline import prepared_dir
+from nmt.data.readers import read_lines
+from nmt.decode import load_translator, translate_lines
+from nmt.errors import Stopped
+from nmt.runtime import machine, resolve_device
+from nmt.score import score
+
+RESULT = "result.json"
+
+
+def is_sweep_cell() -> bool:
+    """Whether this job is one cell of a Hydra -m sweep (any launcher)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def cell_finished(job: TrainJob) -> bool:
+    """A cell whose result holds this budget (train.max_steps) is done; a longer budget continues it."""
+    path = Path(job.train.output_dir) / RESULT
+    if not path.is_file() or json.loads(path.read_text()).get("updates") != job.train.max_steps:
+        return False
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{path.parent}: done ({job.train.max_steps} updates, scored in {path.name})", file=sys.stderr)
+    return True
+
+
+def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
+    """The cell's job: skipped when done; trained (`train`: nmt.train.run); on a submitit job's preemption signal,
+    requeued after its checkpoint; then scored by rank 0."""
+    if cell_finished(job):
+        return
+    try:
+        out = train(job)
+    except Stopped as stopped:
+        requeue_after(getattr(stopped, "signal_name", None))
+        raise
+    if int(os.environ.get("RANK", "0")) == 0:
+        score_cell(job, out)
+
+
+def decode_and_score(checkpoint: Path, data: DataConfig, split: str, search: SearchConfig, output: Path,
+                     lines: int | None = None, device_name: str = "auto", log=None) -> dict:
+    """Decode the prepared `split` (its first `lines` sentences if given) with `checkpoint` into
+    output/<split>.hyp.<tgt> and score it against its reference: the score record's common part."""
+    data_dir = prepared_dir(data)
+    device = resolve_device(device_name)
+    model, vocab = load_translator(checkpoint, device)
+    sources = list(read_lines(data_dir / f"{split}.{data.src}"))[:lines]
+    refs = list(read_lines(data_dir / f"{split}.{data.tgt}"))[:lines]
+    if log is not None:
+        log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
+    started = time.monotonic()
+    hyps = translate_lines(model, vocab, sources, search, device, progress=True)
+    decode_seconds = time.monotonic() - started
+    hyp_path = output / f"{split}.hyp.{data.tgt}"
+    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return {**score(hyps, refs, data.tgt), "pair": f"{data.src}-{data.tgt}", "split": split,
+            "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
+            "ref": str(data_dir / f"{split}.{data.tgt}"), "hyp": hyp_path.name,
+            "decode_seconds": round(decode_seconds, 1), "device": machine(device),
+            "threads": torch.get_num_threads()}
+
+
+def score_cell(job: TrainJob, out: Path) -> dict:
+    """Decode and score the finished cell in `out`; write out/result.json (whole or not at all) and return it."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    checkpoint = out / ("averaged.pt" if job.train.average_last > 0 else "checkpoint_last.pt")
+    state = load_checkpoint(checkpoint)
+    result = decode_and_score(checkpoint, job.data, job.train.score_split, SearchConfig(), out,
+                              job.train.score_lines or None, job.train.device)
+    resolved = OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
+    result.update({"overrides": list(HydraConfig.get().overrides.task), "cell": out.name, "seed": job.train.seed,
+                   "updates": state["step"], "checkpoint": checkpoint.name,
+                   "averaged_from": state.get("averaged_from"),
+                   "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
+                                                                        "share_heads", "edge_buckets")},
+                   "config": resolved})
+    staged = out / f".{RESULT}.tmp"
+    staged.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(staged, out / RESULT)
+    print(f"{out}: sacreBLEU {result['bleu']:.2f} on {result['sentences']} {result['split']} sentences "
+          f"({checkpoint.name}, {result['updates']} updates)", file=sys.stderr)
+    return result

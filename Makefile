@@ -92,29 +92,38 @@ score: install
 	$(if $(REF),cp $(REF) $(NEWSTEST).ref,.venv/bin/sacrebleu -t $(SACREBLEU_SET) -l $(PAIR) --echo ref > $(NEWSTEST).ref)
 	$(PY) -m nmt.score hyp=$(NEWSTEST).hyp ref=$(NEWSTEST).ref lang=$(TGT) output=$(NEWSTEST).json
 
-# Tables 2 and 3, each down to its table: one run per row under torchrun with the recipe's batch
-# (RECIPE=paper_$(MODEL); on a CPU: MODEL=tiny DATA=multi30k_en_de RECIPE=table1 NPROC=1), then every row's
-# checkpoint as the recipe leaves it (averaged.pt where it averages, else checkpoint_last.pt) decoded (beam 4,
-# alpha 0.6) and scored on newstest2013 (SRC= REF= for local files), then table.md. CLIPS= / KV= choose the rows;
-# ABLATIONS= the folder above outputs/ablate-k/.
+# Tables 2 and 3, each down to its table, as one Hydra sweep over the ablation presets (configs/ablation/: k0 ... k256,
+# key, value, neither; k16 is also Table 3's a^K + a^V row, one run for both): each cell trains in
+# $(SWEEP_DIR)/<its overrides> with the recipe's batch (RECIPE=paper_$(MODEL)), is decoded (beam 4, alpha 0.6) and
+# scored on the prepared SPLIT (valid: newstest2013 for the WMT14 presets), then table2.md / table3.md collect the
+# cells. LAUNCHER=local: the cells one after another on this node under torchrun (NPROC processes; on a CPU:
+# MODEL=tiny DATA=multi30k_en_de RECIPE=table1 NPROC=1); LAUNCHER=slurm: one SLURM job per cell through Hydra's
+# submitit launcher (configs/hydra/launcher/slurm.yaml; SLURM= adds its overrides, e.g.
+# SLURM="hydra.launcher.partition=gpu"). Run again, a sweep skips its scored cells and continues the others.
+# CLIPS= / KV= choose the rows, SEEDS=1,2,3 the seeds.
+LAUNCHER ?= local
+SLURM ?=
+SEEDS ?= 1
 CLIPS ?= 0 1 2 4 16 64 256
-KV ?= true,true true,false false,true false,false
-ABLATIONS ?= outputs
-ABLATION = $(ABLATIONS)/$@/$(MODEL)_$(DATA)
-# decode + score the row folder $$row
-SCORE_ROW = ckpt=$$row/averaged.pt; [ -f $$ckpt ] || ckpt=$$row/checkpoint_last.pt; \
-	  $(MAKE) --no-print-directory decode score CKPT=$$ckpt TESTSET=newstest2013 || exit 1
+KV ?= k16 key value neither
+SPLIT ?= valid
+SWEEP_DIR ?= multirun/$(MODEL)_$(DATA)
+comma := ,
+space := $(subst ,, )
+LAUNCHERS = local slurm
+SWEEP = $(if $(filter slurm,$(LAUNCHER)),$(PY) -m nmt.train -m hydra/launcher=slurm $(SLURM),$(LAUNCH) -m)
+ABLATE = $(if $(filter $(LAUNCHER),$(LAUNCHERS)),,$(error LAUNCHER=$(LAUNCHER): local or slurm)) \
+	$(SWEEP) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) train.score_split=$(SPLIT) \
+	train.seed=$(SEEDS) hydra.sweep.dir=$(SWEEP_DIR) $(EXTRA)
 ablate-k: install
-	for k in $(CLIPS); do row=$(ABLATION)/k$$k; \
-	  $(LAUNCH) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) model.clip=$$k \
-	    train.output_dir=$$row $(EXTRA) || exit 1; $(SCORE_ROW); done
-	$(PY) -m nmt.table $(ABLATION) > $(ABLATION)/table.md && cat $(ABLATION)/table.md
+	$(ABLATE) +ablation=$(subst $(space),$(comma),$(addprefix k,$(CLIPS)))
+	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=k,$(CLIPS)) \
+	  $(if $(filter 16,$(CLIPS)),--baseline ablation=k16) > $(SWEEP_DIR)/table2.md && cat $(SWEEP_DIR)/table2.md
 
 ablate-kv: install
-	for kv in $(KV); do k=$${kv%,*}; v=$${kv#*,}; row=$(ABLATION)/key-$$k.value-$$v; \
-	  $(LAUNCH) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) model.rel_key=$$k model.rel_value=$$v \
-	    train.output_dir=$$row $(EXTRA) || exit 1; $(SCORE_ROW); done
-	$(PY) -m nmt.table $(ABLATION) > $(ABLATION)/table.md && cat $(ABLATION)/table.md
+	$(ABLATE) +ablation=$(subst $(space),$(comma),$(KV))
+	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=,$(KV)) \
+	  $(if $(filter k16,$(KV)),--baseline ablation=k16) > $(SWEEP_DIR)/table3.md && cat $(SWEEP_DIR)/table3.md
 
 # The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):
 # results/<table>/<row>/seed<k>/; a sweep that was stopped resumes where it stopped. JOBS runs side by side.

@@ -60,7 +60,8 @@ def sweep_checks(args: list[str]) -> list[list[str]]:
     values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [a]
               for o, a in zip(parsed, plain)]
     first = [options[0] for options in values]
-    return [first] + [[*first[:i], option, *first[i + 1:]] for i, options in enumerate(values) for option in options[1:]]
+    others = [[*first[:i], option, *first[i + 1:]] for i, options in enumerate(values) for option in options[1:]]
+    return [first, *others]
 
 
 def field_descriptions(schema: type) -> dict[str, str]:

@@ -1,8 +1,12 @@
-"""python -m nmt.table DIR [--testset newstest2013]: the Markdown table of an ablation's rows.
+"""python -m nmt.table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE]: a -m sweep's cells as one table.
 
-Every row is a run folder DIR/<row>/ holding the score record that `make score` wrote beside its checkpoint
-(<testset>.<pair>.json, from nmt.score): sacreBLEU first (its signature under the table), then the compound-split
-tokenized BLEU of the paper's era. `make ablate-k` / `make ablate-kv` end with it (Tables 2 and 3).
+Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/cell.py) is one seed of a row: the cells
+whose overrides differ only in train.seed form a row. A row prints its seeds, sacreBLEU (mean +- standard deviation
+over seeds), the compound-split tokenized BLEU of the paper's era, the difference from the baseline row and Welch's
+t-test against it on per-seed sacreBLEU (where both rows have at least 3 seeds). --rows picks rows (each a row
+whose overrides include it) and their order; rows are named by the overrides in which they differ.
+
+    python -m nmt.table multirun/base_wmt14_en_de --rows +ablation=k0 +ablation=k16 --baseline +ablation=k16
 """
 
 from __future__ import annotations
@@ -10,19 +14,44 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line
 from nmt.data.readers import DataError
+from nmt.run_names import cell_name
+from nmt.stats import MIN_SEEDS, welch_test
 
 
-def ablation_rows(directory: Path, testset: str) -> list[tuple[str, dict]]:
-    """(row folder name, score record) for every row of the ablation, in the folders' natural order."""
-    rows = []
-    for record in sorted(directory.glob(f"*/{testset}.*.json"), key=lambda p: natural_key(p.parent.name)):
-        rows.append((record.parent.name, json.loads(record.read_text())))
-    return rows
+def sweep_rows(folder: Path) -> dict[str, list[dict]]:
+    """{row: its cells' results, by seed}: the cells of `folder` grouped by their overrides other than the seed."""
+    rows: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*/result.json")):
+        result = json.loads(path.read_text())
+        row = cell_name([o for o in result["overrides"] if not o.lstrip("+").startswith("train.seed=")])
+        rows.setdefault(row, []).append(result)
+    return {row: sorted(cells, key=lambda r: r["seed"]) for row, cells in rows.items()}
+
+
+def row_overrides(cells: list[dict]) -> set[str]:
+    """The overrides every seed of a row shares (each written as its key=value)."""
+    sets = [{o.lstrip("+") for o in c["overrides"] if not o.lstrip("+").startswith("train.seed=")} for c in cells]
+    return set.intersection(*sets)
+
+
+def pick(rows: dict[str, list[dict]], wanted: list[str]) -> list[tuple[str, list[dict]]]:
+    """The rows holding each wanted override, in that order (all rows, in their natural order, for none)."""
+    if not wanted:
+        return sorted(rows.items(), key=lambda item: natural_key(item[0]))
+    picked = []
+    for override in wanted:
+        found = [(name, cells) for name, cells in rows.items() if override.lstrip("+") in row_overrides(cells)]
+        if len(found) != 1:
+            raise DataError(f"{override}: {len(found)} rows of the sweep hold it (one expected); its rows: "
+                            f"{', '.join(sorted(rows)) or 'none'}")
+        picked.append(found[0])
+    return picked
 
 
 def natural_key(name: str) -> list:
@@ -30,24 +59,55 @@ def natural_key(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def markdown_table(rows: list[tuple[str, dict]], testset: str) -> str:
-    lines = [f"| run | sacreBLEU ({testset}) | compound-split BLEU | sentences |", "|---|---|---|---|"]
-    lines += [f"| {name} | {r['bleu']:.2f} | {r['compound_split_bleu']:.2f} | {r['sentences']} |" for name, r in rows]
-    signatures = sorted({r["signature"] for _, r in rows})
-    return "\n".join([*lines, "", *(f"sacreBLEU signature: {s}" for s in signatures)]) + "\n"
+def model_summary(model: dict) -> str:
+    """What a row trained, read from its result (an override given twice shows here, not only in the row's name)."""
+    if model["position"] not in ("relative", "both"):  # no edge tables: k, a^K and a^V mean nothing
+        return f"{model['position']}, -, -, -"
+    return f"{model['position']}, {model['clip']}, {str(model['rel_key']).lower()}, {str(model['rel_value']).lower()}"
+
+
+def mean_sd(values: list[float]) -> str:
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
+
+
+def markdown_table(picked: list[tuple[str, list[dict]]], baseline: str | None) -> str:
+    """The rows, each named by the overrides in which the picked rows differ."""
+    shared = set.intersection(*(row_overrides(cells) for _, cells in picked))
+    base = next((cells for _, cells in picked if baseline.lstrip("+") in row_overrides(cells)), None) if baseline \
+        else None
+    if baseline and base is None:
+        raise DataError(f"--baseline {baseline}: no picked row holds it")
+    split = picked[0][1][0]["split"]
+    lines = [f"| row | model (position, k, a^K, a^V) | seeds | sacreBLEU ({split}) | compound-split BLEU | "
+             f"Δ sacreBLEU vs {baseline or '-'} | Welch p (seeds) |", "|---|---|---|---|---|---|---|"]
+    for _, cells in picked:
+        name = " ".join(sorted(row_overrides(cells) - shared)) or "(the shared overrides)"
+        bleu = [c["bleu"] for c in cells]
+        delta, p = "", ""
+        if base is not None and cells is not base:
+            base_bleu = [c["bleu"] for c in base]
+            delta = f"{statistics.mean(bleu) - statistics.mean(base_bleu):+.2f}"
+            p = (f"{welch_test(bleu, base_bleu)[2]:.3f}" if min(len(bleu), len(base_bleu)) >= MIN_SEEDS
+                 else f"n < {MIN_SEEDS} seeds")
+        split_bleu = mean_sd([c["compound_split_bleu"] for c in cells])
+        lines.append(f"| {name} | {model_summary(cells[0]['model'])} | {len(cells)} | {mean_sd(bleu)} | {split_bleu} | "
+                     f"{delta} | {p} |")
+    signatures = sorted({c["signature"] for _, cells in picked for c in cells})
+    return "\n".join([*lines, "", f"Shared by every row: {' '.join(sorted(shared)) or 'nothing'}",
+                      *(f"sacreBLEU signature: {s}" for s in signatures)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m nmt.table", description=__doc__.splitlines()[0])
-    parser.add_argument("directory", type=Path, help="the ablation's folder, one run folder per row")
-    parser.add_argument("--testset", default="newstest2013", help="the score records' test set (default %(default)s)")
+    parser.add_argument("folder", type=Path, help="a -m sweep's folder (multirun/<model>_<data>), one cell per folder")
+    parser.add_argument("--rows", nargs="+", default=[], metavar="KEY=VALUE", help="the rows to show, in order")
+    parser.add_argument("--baseline", metavar="KEY=VALUE", help="the row the others are compared with")
     args = parser.parse_args(argv)
     with ends_in_one_line("table"):
-        rows = ablation_rows(args.directory, args.testset)
+        rows = sweep_rows(args.folder)
         if not rows:
-            raise DataError(f"no {args.testset}.*.json score record under {args.directory}/*/: run make score for "
-                            "each row first")
-        sys.stdout.write(markdown_table(rows, args.testset))
+            raise DataError(f"no cell of {args.folder} holds a result.json: its sweep has not scored a cell yet")
+        sys.stdout.write(markdown_table(pick(rows, args.rows), args.baseline))
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def cell_name(overrides) -> str:
         kept.append(f"{key}-{value}" if value else f"no-{key}")
     name = "+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in sorted(kept)) or "defaults"
     if len(name) > CELL_NAME_MAX:
-        name = f"{name[:CELL_NAME_MAX - 13]}+h{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+        name = f"{name[:CELL_NAME_MAX - 12]}+h{hashlib.sha1(name.encode()).hexdigest()[:10]}"
     return name
 
 

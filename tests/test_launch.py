@@ -60,8 +60,8 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
-    """One process with 4 micro-batches, torchrun on one node of 4 and two torchrun agents ("nodes") of 2 meeting
-    at a c10d rendezvous: the same logged batch, and Adam's first moment after update 1 (the gradient itself, times
+    """One process with 4 micro-batches, torchrun on one node of 4, two torchrun agents ("nodes") of 2 meeting
+    at a c10d rendezvous and a -m sweep's cell as Hydra's submitit launcher runs it (2 tasks): the same logged batch, and Adam's first moment after update 1 (the gradient itself, times
     1 - beta1) equal to float tolerance. The weights after one Adam step could not show it (each moves by ~lr)."""
     budget = 300
     overrides = [*data_overrides(prepared), *model_overrides(dropout=0.0), "train.max_steps=1",
@@ -72,10 +72,8 @@ def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
 
     def launch(name, *commands):
-        procs = [subprocess.Popen([*c, "-m", "nmt.train", *overrides, f"train.output_dir={tmp_path}/{name}"]
-                                  if c is not run else [*c, *overrides, f"train.output_dir={tmp_path}/{name}"],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for c in commands]
+        procs = [subprocess.Popen([*c, *overrides, f"train.output_dir={tmp_path}/{name}"], cwd=ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
         for p in procs:
             out, _ = p.communicate(timeout=600)
             assert p.returncode == 0, out[-3000:]
@@ -83,13 +81,18 @@ def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
 
     port = free_port()
     node = [*torchrun, "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_id=rehearsal",
-            f"--rdzv_endpoint=127.0.0.1:{port}"]
+            f"--rdzv_endpoint=127.0.0.1:{port}", "-m", "nmt.train"]
+    # a cell of a -m sweep, as Hydra's submitit launcher starts it: one job of 2 tasks, no torchrun inside
+    cell = [*run, "-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+            f"hydra.sweep.dir={tmp_path}/sweep", "train.score_lines=2"]
     forms = {"one process": launch("single", run),
-             "one node of 4": launch("node4", [*torchrun, "--standalone", "--nproc_per_node=4"]),
-             "two nodes of 2": launch("nodes2x2", node, node)}
+             "one node of 4": launch("node4", [*torchrun, "--standalone", "--nproc_per_node=4", "-m", "nmt.train"]),
+             "two nodes of 2": launch("nodes2x2", node, node),
+             "a sweep cell of 2 tasks": launch("cell", cell)}
     expected = {"one process": "1 devices x 300 tokens x 4 micro-batches = 1200 (recipe: 1200)",
                 "one node of 4": "4 devices x 300 tokens x 1 micro-batches = 1200 (recipe: 1200)",
-                "two nodes of 2": "4 devices x 300 tokens x 1 micro-batches = 1200 (recipe: 1200)"}
+                "two nodes of 2": "4 devices x 300 tokens x 1 micro-batches = 1200 (recipe: 1200)",
+                "a sweep cell of 2 tasks": "2 devices x 300 tokens x 2 micro-batches = 1200 (recipe: 1200)"}
     reference = load_checkpoint(forms["one process"] / LAST)["optimizer"]["state"]
     for form, folder in forms.items():
         assert f"effective batch: {expected[form]}" in (folder / "train.log").read_text(), form
@@ -151,29 +154,38 @@ def test_slurm_script_requeues_on_its_signal_and_resumes_bit_identically(prepare
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verb, rows", [("ablate-k", ["CLIPS=0 2", "k0", "k2"]),
-                                        ("ablate-kv", ["KV=true,true false,false", "key-true.value-true",
-                                                       "key-false.value-false"])])
-def test_make_ablation_ends_in_its_table(prepared, tmp_path, verb, rows):
-    """make ablate-k / ablate-kv at toy size with two rows, 2 gloo processes, local newstest files: each row trained
-    with the recipe's batch, decoded and scored, and table.md holding the rows' scores."""
-    extra = " ".join([*data_overrides(prepared), *model_overrides(), "train.max_steps=4", "train.save_every_steps=2",
-                      "train.valid_every=0", "train.valid_bleu_sentences=0", "train.device=cpu", "train.threads=1"])
-    test = Path(prepared.test)
-    result = subprocess.run(
-        ["make", "--no-print-directory", verb, "MODEL=tiny", "DATA=local", "RECIPE=table1", "NPROC=2",
-         "MAX_TOKENS=2048", rows[0], f"ABLATIONS={tmp_path}", f"SRC={test}.en", f"REF={test}.de",
-         f"EXTRA={extra}"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-        timeout=900)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    folder = tmp_path / verb / "tiny_local"
-    table = (folder / "table.md").read_text()
-    for row in rows[1:]:
-        record = json.loads((folder / row / "newstest2013.en-de.json").read_text())
-        assert f"| {row} | {record['bleu']:.2f} | {record['compound_split_bleu']:.2f} |" in table
-        assert "effective batch: 2 devices x 2048 tokens x 1 micro-batches = 4096 (recipe: 4096)" in \
-            (folder / row / "train.log").read_text()
-    assert "sacreBLEU signature: nrefs:1" in table
+def test_make_ablations_end_in_their_tables_and_share_a_row(prepared, tmp_path):
+    """make ablate-k, then make ablate-kv, at toy size (2 gloo processes, the test files scored): one Hydra sweep each
+    into one sweep folder, every cell trained with the recipe's batch, scored, and collected into table2.md /
+    table3.md; Table 3's a^K + a^V row is Table 2's k = 16 cell, scored once and not trained again."""
+    extra = " ".join([*data_overrides(prepared), *(o for o in model_overrides() if not o.startswith("model.clip=")),
+                      "train.max_steps=4", "train.save_every_steps=2", "train.valid_every=0",
+                      "train.valid_bleu_sentences=0", "train.device=cpu", "train.threads=1", "train.score_lines=5"])
+
+    def make(verb, rows):
+        done = subprocess.run(["make", "--no-print-directory", verb, "MODEL=tiny", "DATA=local", "RECIPE=table1",
+                               "NPROC=2", "MAX_TOKENS=2048", rows, f"SWEEP_DIR={tmp_path}", "SPLIT=test",
+                               f"EXTRA={extra}"], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+    make("ablate-k", "CLIPS=0 16")
+    cells = {json.loads(p.read_text())["model"]["clip"]: p for p in tmp_path.glob("*/result.json")}
+    shared = cells[16].stat().st_mtime_ns
+    make("ablate-kv", "KV=k16 neither")
+    assert cells[16].stat().st_mtime_ns == shared  # done: skipped, not trained or scored again
+    results = {json.loads(p.read_text())["cell"]: json.loads(p.read_text()) for p in tmp_path.glob("*/result.json")}
+    assert len(results) == 3 and all(r["updates"] == 4 and r["sentences"] == 5 for r in results.values())
+    for table, rows in (("table2.md", {"ablation=k0": (0, True, True), "ablation=k16": (16, True, True)}),
+                        ("table3.md", {"ablation=k16": (16, True, True), "ablation=neither": (16, False, False)})):
+        text = (tmp_path / table).read_text()
+        for row, (clip, key, value) in rows.items():
+            cell = next(r for r in results.values() if f"+{row}" in r["overrides"])
+            assert (f"| {row} | relative, {clip}, {str(key).lower()}, {str(value).lower()} | 1 | {cell['bleu']:.2f} | "
+                    f"{cell['compound_split_bleu']:.2f} |") in text, text
+            assert "effective batch: 2 devices x 2048 tokens x 1 micro-batches = 4096 (recipe: 4096)" in \
+                (tmp_path / cell["cell"] / "train.log").read_text()
+        assert "sacreBLEU signature: nrefs:1" in text
 
 
 @pytest.mark.slow

@@ -1,0 +1,154 @@
+"""Sweeps are Hydra sweeps: a cell's folder is named by the overrides that define its run, a resumed folder is the
+same run, a cell ends in its score, and Hydra's submitit launcher runs the cells as jobs (rehearsed locally)."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nmt.checkpoint import LAST, CheckpointError, load_checkpoint
+from nmt.cli import sweep_checks
+from nmt.config import OptimConfig
+from nmt.resume import check_same_run
+from nmt.run_names import CELL_NAME_MAX, cell_name
+from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def test_a_cell_is_named_by_what_defines_its_run():
+    paper = ["model=base", "data=wmt14_en_de", "+experiment=paper_base", "model.clip=4"]
+    assert cell_name(paper) == "experiment-paper_base+model.clip-4"
+    # extending or observing the run, placing it or its data, choosing the launcher: the same cell
+    same = [*paper, "train.max_steps=200000", "train.save_every_steps=500", "train.device=cuda", "train.threads=4",
+            "data.prepared_dir=/scratch/wmt14", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "train.score_lines=9"]
+    assert cell_name(same) == cell_name(paper)
+    # another recipe, rate, seed, batch or vocabulary: another cell
+    for other in ("+experiment=table1", "optim.lr_scale=2", "train.seed=2", "train.max_tokens=2048",
+                  "data.vocab_size=16000", "~model.share_heads"):
+        assert cell_name([*paper, other]) != cell_name(paper), other
+    assert cell_name(["model=base"]) == "defaults"
+    long = cell_name([*paper, *(f"model.{name}={'x' * 40}" for name in ("a", "b", "c", "d", "e"))])
+    assert len(long) == CELL_NAME_MAX and long != cell_name([*paper, "model.a=y"])
+
+
+def test_a_cell_folder_passes_back_as_an_override_value():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    name = cell_name(["+experiment=paper_base", "data.train=corpus/my train", "model.position=t5"])
+    assert OverridesParser.create().parse_override(f"directory=multirun/x/{name}").value() == f"multirun/x/{name}"
+
+
+def test_every_value_of_a_sweep_is_checked_once():
+    cells = sweep_checks(["-m", "model.clip=0,1,2", "model.rel_key=true,false", "+experiment=table1"])
+    assert [c[:2] for c in cells] == [["model.clip=0", "model.rel_key=True"], ["model.clip=1", "model.rel_key=True"],
+                                      ["model.clip=2", "model.rel_key=True"], ["model.clip=0", "model.rel_key=False"]]
+
+
+def saved_state(**train) -> dict:
+    model = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(micro_config()).items()}
+    config = {"model": model, "optim": dataclasses.asdict(OptimConfig()) | {"schedule": "inverse_sqrt"},
+              "train": {"max_tokens": 300, "tokens_per_update": 1200, "seed": 1, **train}}
+    return {"config": config, "model": {"embed.weight": torch.zeros(40, 32)}, "world_size": 4}
+
+
+def test_a_resumed_run_may_extend_but_not_change_its_definition(tmp_path):
+    state = saved_state()
+    job = {section: dict(values) for section, values in state["config"].items()}
+    longer = {**job, "train": {**job["train"], "max_steps": 10**6, "save_every_steps": 7, "device": "cuda",
+                               "update_freq": 4}}
+    check_same_run(state, longer, 40, 1200, tmp_path)  # on one device with 4 micro-batches: the same batch
+    changed = {**job, "optim": {**job["optim"], "lr_scale": 2.0, "warmup": 10},
+               "train": {**job["train"], "seed": 3}}
+    with pytest.raises(CheckpointError) as refused:
+        check_same_run(state, changed, 40, 2400, tmp_path)
+    message = str(refused.value)
+    for part in ("optim.lr_scale=2.0 (the folder's run: 1.0)", "optim.warmup=10 (the folder's run: 4000)",
+                 "train.seed=3 (the folder's run: 1)", "an effective batch of 2400 tokens (the folder's run: 1200)"):
+        assert part in message
+    assert "\n" not in message and "max_steps" not in message
+
+
+def sweep_command(prepared, sweep_dir, *extra, tasks=2):
+    """A -m sweep as Hydra's submitit launcher runs it on a cluster, here with its local executor: one job per cell,
+    `tasks` gloo processes per job."""
+    settings = ["train.max_tokens=300", "train.tokens_per_update=600", "train.valid_every=0",
+                "train.valid_bleu_sentences=0", "train.threads=1", "train.log_every=1", "train.save_every_steps=2",
+                "train.keep_last=0", "train.device=cpu", "train.score_lines=3", "model.dropout=0.0"]
+    return [sys.executable, "-m", "nmt.train", "-m", "hydra/launcher=submitit_local",
+            f"hydra.launcher.tasks_per_node={tasks}", f"hydra.sweep.dir={sweep_dir}", *data_overrides(prepared),
+            *(o for o in model_overrides() if not o.startswith("model.clip=")), *settings, *extra]
+
+
+def cells(sweep_dir) -> dict:
+    """{k: the cell's folder} of the scored cells of a sweep."""
+    return {json.loads(p.read_text())["model"]["clip"]: p.parent for p in sweep_dir.glob("*/result.json")}
+
+
+@pytest.mark.slow
+def test_the_submitit_rehearsal_trains_scores_tables_and_continues(prepared, tmp_path):
+    """Two cells of 2 tasks each, trained, scored and tabled; a sweep killed from outside (SIGKILL to its process
+    group) while a cell trains, run again: the finished cell is not trained again, the killed one continues from its
+    checkpoint and ends with the parameters of an uninterrupted run; a sweep of another recipe gets folders of its
+    own, and a run of another definition in a cell's folder is refused in one line."""
+    whole = tmp_path / "whole"
+    done = subprocess.run(sweep_command(prepared, whole, "train.max_steps=6", "model.clip=0,2"), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    reference = cells(whole)
+    assert sorted(reference) == [0, 2]
+    for folder in reference.values():
+        result = json.loads((folder / "result.json").read_text())
+        assert result["updates"] == 6 and result["sentences"] == 3 and result["split"] == "test"
+        assert "effective batch: 2 devices x 300 tokens x 1 micro-batches = 600 (recipe: 600)" in \
+            (folder / "train.log").read_text()
+    table = subprocess.run([sys.executable, "-m", "nmt.table", str(whole), "--rows", "model.clip=0", "model.clip=2"],
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert "| model.clip=0 | relative, 0, true, true | 1 |" in table.stdout
+    assert "| model.clip=2 | relative, 2, true, true | 1 |" in table.stdout
+
+    resumed = tmp_path / "resumed"
+    first = subprocess.run(sweep_command(prepared, resumed, "train.max_steps=6", "model.clip=0"), cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    finished = cells(resumed)[0] / "result.json"
+    finished_at = finished.stat().st_mtime_ns
+    killed = subprocess.Popen(sweep_command(prepared, resumed, "train.max_steps=6", "model.clip=0,2"), cwd=ROOT,
+                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not any(resumed.glob("*model.clip-2*/checkpoint_0000002.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    partial = next(resumed.glob("*model.clip-2*"))
+    assert not (partial / "result.json").exists()
+    again = subprocess.run(sweep_command(prepared, resumed, "train.max_steps=6", "model.clip=0,2"), cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert finished.stat().st_mtime_ns == finished_at  # done: not trained or scored again
+    assert "resuming from" in (partial / "train.log").read_text()
+    a, b = load_checkpoint(reference[2] / LAST), load_checkpoint(partial / LAST)
+    assert a["step"] == b["step"] == 6
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+    other = subprocess.run(sweep_command(prepared, resumed, "train.max_steps=2", "model.clip=0",
+                                         "optim.lr_scale=2"), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=600)
+    assert other.returncode == 0, other.stderr[-4000:]
+    assert len(list(resumed.glob("*/result.json"))) == 3 and finished.stat().st_mtime_ns == finished_at
+    refused = subprocess.run([sys.executable, "-m", "nmt.train", *data_overrides(prepared),
+                              *model_overrides(clip=0, dropout=0.0),
+                              "train.max_tokens=300", "train.tokens_per_update=600", "train.max_steps=8",
+                              "train.seed=5", "train.device=cpu", f"train.output_dir={finished.parent}"],
+                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    error = [line for line in refused.stderr.splitlines() if "ERROR" in line]
+    assert len(error) == 1 and "train.seed=5 (the folder's run: 1)" in error[0], refused.stderr

@@ -154,6 +154,42 @@ def test_slurm_script_requeues_on_its_signal_and_resumes_bit_identically(prepare
 
 
 @pytest.mark.slow
+def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_overrides(prepared, tmp_path):
+    """scripts/slurm_train.sh on 2 shim "nodes", one lost mid-run (its torchrun agent and workers SIGKILLed): srun
+    ends the step, the job requeues itself, and the requeued job resumes from the last checkpoint to the end. With no
+    OUTPUT, the run trains in Hydra's folder for its overrides (outputs/tiny_local_...clip-2), not the preset's."""
+    recipe = [*data_overrides(prepared), *model_overrides(clip=2), "train.max_tokens=2048", "train.max_steps=40",
+              "train.save_every_steps=2", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.log_every=2",
+              "train.device=cpu", "train.threads=1"]
+    step_pids = tmp_path / "step_pids"
+    env = {**os.environ, "PATH": f"{SHIM}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "PYTHON": sys.executable, "RDZV_PORT": str(free_port()), "SLURM_JOB_ID": "7",
+           "SHIM_REQUEUED": str(tmp_path / "requeued"), "SHIM_STEP_PIDS": str(step_pids), "SHIM_KILL_WAIT": "20",
+           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"}
+    job = subprocess.Popen(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local", *recipe],
+                           cwd=tmp_path, env=env)
+    folders = lambda: [p for p in (tmp_path / "outputs").glob("tiny_local_*") if (p / LAST).exists()]  # noqa: E731
+    deadline = time.monotonic() + 300
+    while not folders() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert folders(), (tmp_path / "relnmt-7.log").read_text()[-3000:]
+    lost = int(step_pids.read_text().split()[1])  # node 1's torchrun agent, with its workers: a node gone
+    subprocess.run(["pkill", "-KILL", "-P", str(lost)])
+    os.kill(lost, signal.SIGKILL)
+    log = tmp_path / "relnmt-7.log"
+    assert job.wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert "the job step failed" in log.read_text() and (tmp_path / "requeued").read_text().split() == ["7"]
+    folder = folders()[0]
+    assert ".clip-2." in folder.name and load_checkpoint(folder / LAST)["step"] < 40
+
+    requeued = subprocess.run(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local",
+                               *recipe], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"}, timeout=600)
+    assert requeued.returncode == 0, log.read_text()[-3000:]
+    assert load_checkpoint(folder / LAST)["step"] == 40 and "resuming from" in (folder / "train.log").read_text()
+    assert (tmp_path / "requeued").read_text().split() == ["7"]  # finished: no second requeue
+
+
+@pytest.mark.slow
 def test_make_ablations_end_in_their_tables_and_share_a_row(prepared, tmp_path):
     """make ablate-k, then make ablate-kv, at toy size (2 gloo processes, the test files scored): one Hydra sweep each
     into one sweep folder, every cell trained with the recipe's batch, scored, and collected into table2.md /

@@ -52,6 +52,46 @@ def test_the_trainer_refuses_an_unreachable_batch_in_one_line(prepared, tmp_path
     assert not (tmp_path / "r").exists()  # refused before anything was written
 
 
+def multi_node_launches() -> list[tuple[str, int, list[str]]]:
+    """(the line, its device count, its nmt.train overrides) for every multi-node launch the docs and the SLURM
+    script show: torchrun's --nnodes x --nproc_per_node, sbatch's --nodes x the script's GPUs per node."""
+    gpus = int(re.search(r"#SBATCH --gpus-per-node=(\d+)", (ROOT / "scripts/slurm_train.sh").read_text()).group(1))
+    texts = [(ROOT / "README.md").read_text(), *(p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))),
+             (ROOT / "scripts/slurm_train.sh").read_text()]
+    found = []
+    for line in (line for text in texts for line in re.findall(r"[^`\n]*--nnodes=\d[^`\n]*|sbatch --nodes=[^`\n]*",
+                                                                   text)):
+        line = line.lstrip("# ").strip()
+        torchrun = re.search(r"--nnodes=(\d+) --nproc_per_node=(\d+)\S* .*-m nmt\.train (.*)", line)
+        if torchrun:
+            found.append((line, int(torchrun[1]) * int(torchrun[2]), torchrun[3].split()))
+            continue
+        sbatch = re.search(r"sbatch --nodes=(\d+) \S*slurm_train\.sh (\S+) (\S+) (\S+)(.*)", line)
+        assert sbatch, f"a multi-node line this test cannot read: {line}"
+        overrides = [f"+experiment={sbatch[2]}", f"model={sbatch[3]}", f"data={sbatch[4]}", *sbatch[5].split()]
+        found.append((line, int(sbatch[1]) * gpus, overrides))
+    return found
+
+
+def test_every_multi_node_line_of_the_docs_reaches_its_recipe_batch():
+    """The docs' multi-node commands and the SLURM launcher preset with the paper's recipes: the batch rule admits
+    each on its device count (a refused line would exit 2 on the cluster, before training)."""
+    from omegaconf import OmegaConf
+
+    from nmt.experiment import preset_job
+
+    launches = multi_node_launches()
+    assert {world for _, world, _ in launches} >= {16}, launches  # README's 2 x 8 and the script's 4 x 4
+    for line, world, overrides in launches:
+        job = preset_job(*[o for o in overrides if "=" in o])
+        micro_batches(job.train, world)  # ConfigError: the line cannot reach its batch
+    for preset in sorted((ROOT / "configs/hydra/launcher").glob("*.yaml")):
+        launcher = OmegaConf.load(preset)
+        for model in ("base", "big"):
+            job = preset_job(f"model={model}", "data=wmt14_en_de", f"+experiment=paper_{model}")
+            micro_batches(job.train, launcher.nodes * launcher.tasks_per_node)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

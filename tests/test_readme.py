@@ -22,7 +22,8 @@ import pytest
 from tests.conftest import ROOT
 
 COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|make|\.venv/bin/|sacrebleu|scripts/|echo |tensorboard|pip |\. )")
-SMALL_TRAIN = "train.max_steps=2 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"
+SMALL_TRAIN = ("train.max_steps=2 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0 "
+               "train.score_lines=5")  # score_lines: a -m sweep's cells score 5 sentences
 GPU = "needs GPUs (the paper's WMT14 recipes; tests/test_launch.py rehearses them at toy size)"
 HUB = "downloads WMT14 from the Hugging Face hub (tests/test_launch.py prepares it from a local copy)"
 HOURS = "hours on a CPU (its code runs at small size in tests/test_experiments.py)"
@@ -40,7 +41,8 @@ RULES = [
     (r"^make (decode|score) (CKPT|SRC|REF)=", f"skip: {GPU} and sacrebleu's newstest2014 download"),
     (r"^make train-\*$", "mention: the make train-* targets"),
     (r"^python -m torch.distributed.run --nnodes=2", "skip: several GPU nodes"),
-    (r"^python -m nmt.train model=base data=wmt14_en_de", f"skip: {HUB}; {GPU}"),
+    (r"^python -m nmt.train (-m )?model=base data=wmt14_en_de", f"skip: {HUB}; {GPU}"),
+    (r"^python -m nmt.table multirun/base_wmt14_en_de", f"skip: reads the cells of make ablate-k ({GPU})"),
     (r"^python -m nmt.train$", "mention: the module's name"),
     (r"^python -m nmt.(export|translate)$", "mention: the module's name"),
     (r"^python -m nmt\.\*$", "mention: the modules' names"),

@@ -62,7 +62,7 @@ def describe_inputs(cfg: DataConfig) -> dict:
     for split in SPLITS:
         if cfg.name == "wmt14":
             rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
-            inputs[split] = {"hub": cfg.hub_name, "config": cfg.hub_config, "fingerprint": rows._fingerprint}
+            inputs[split] = {"config": cfg.hub_config, **readers.hub_split_content(rows)}
             continue
         prefix = (str(Path(cfg.root) / readers.MULTI30K_SPLITS[split]) if cfg.name == "multi30k"
                   else _local_prefix(cfg, split))
@@ -71,14 +71,24 @@ def describe_inputs(cfg: DataConfig) -> dict:
     return inputs
 
 
-def manifest_key(cfg: DataConfig) -> dict:
+def manifest_key(cfg: DataConfig, inputs: bool = True) -> dict:
+    """What the prepared folder is a function of: its inputs' content (left out with inputs=False) and settings."""
     return {
         "format_version": FORMAT_VERSION,
         "src": cfg.src, "tgt": cfg.tgt,
-        "inputs": describe_inputs(cfg),
+        **({"inputs": describe_inputs(cfg)} if inputs else {}),
         "vocab": {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample},
         "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio, "max_src_words": cfg.max_src_words},
     }
+
+
+def prepared_offline(cfg: DataConfig, existing: dict | None) -> bool:
+    """Whether a hub corpus's prepared folder serves a node that cannot read the hub: prepared from a copy of the
+    repository (data.hub_name=DIR) or on a machine with network, with every setting this job asks for."""
+    if cfg.name != "wmt14" or existing is None:
+        return False
+    settings = {name: value for name, value in existing.get("key", {}).items() if name != "inputs"}
+    return settings == manifest_key(cfg, inputs=False)
 
 
 def load_manifest(directory: Path) -> dict | None:
@@ -197,8 +207,15 @@ def _write_vocab_input(cfg: DataConfig, path: Path) -> int:
 def prepare(cfg: DataConfig, force: bool = False) -> Path:
     """Build (or reuse, when up to date) the prepared folder for cfg; returns its path."""
     target = prepared_dir(cfg)
-    key = manifest_key(cfg)
     existing = load_manifest(target)
+    try:
+        key = manifest_key(cfg)
+    except DataError as unreachable:
+        if force or not prepared_offline(cfg, existing):
+            raise
+        log.warning("%s: using the prepared data as it is (built from the same settings), since its source cannot "
+                    "be read here to check it: %s", target, unreachable)
+        return target
     if not force and existing is not None and existing.get("key") == key:
         log.info("%s is up to date (manifest matches inputs and settings)", target)
         return target

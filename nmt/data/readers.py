@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,21 @@ def read_local(prefix: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
 def read_multi30k(root: str, split: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
     """The bundled Multi30k task 1 corpus: {train,val,test_2016_flickr}.<lang>.gz under root."""
     return read_local(str(Path(root) / MULTI30K_SPLITS[split]), src, tgt)
+
+
+HUB_SAMPLE_ROWS = 1000  # rows read, evenly spaced, for a hub split's content digest (all of a smaller split)
+
+
+def hub_split_content(rows) -> dict:
+    """What a hub split holds, wherever it was read from (the hub, its cache, a copy of the repository): its row
+    count and the SHA-256 of HUB_SAMPLE_ROWS evenly spaced rows. The same rows read from another place are the same
+    input; datasets' own fingerprint names the place too."""
+    n = len(rows)
+    picked = sorted({i * (n - 1) // max(1, HUB_SAMPLE_ROWS - 1) for i in range(min(n, HUB_SAMPLE_ROWS))})
+    digest = hashlib.sha256()
+    for row in rows.select(picked):
+        digest.update(json.dumps(row["translation"], sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return {"rows": n, "sample_sha256": digest.hexdigest()}
 
 
 def pairs_from_hub_split(rows, src: str, tgt: str) -> Iterator[tuple[str, str]]:

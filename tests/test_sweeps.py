@@ -152,3 +152,15 @@ def test_the_submitit_rehearsal_trains_scores_tables_and_continues(prepared, tmp
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     error = [line for line in refused.stderr.splitlines() if "ERROR" in line]
     assert len(error) == 1 and "train.seed=5 (the folder's run: 1)" in error[0], refused.stderr
+
+
+@pytest.mark.parametrize("typo, named", [("model.cliip=3", "model.cliip"), ("model.position=relative,relativ",
+                                                                            "relativ")])
+def test_a_typo_in_a_sweep_is_one_line_before_any_cell_runs(tmp_path, typo, named):
+    done = subprocess.run([sys.executable, "-m", "nmt.train", "-m", "model.clip=0,2", typo,
+                           f"hydra.sweep.dir={tmp_path}/sweep"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], done.stderr
+    assert not (tmp_path / "sweep").exists()

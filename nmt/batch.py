@@ -37,8 +37,13 @@ def micro_batches(cfg: TrainConfig, world_size: int) -> int:
     return derived
 
 
+def effective_tokens(world_size: int, max_tokens: int, update_freq: int) -> int:
+    """The effective batch: padded tokens per update, over every device and micro-batch."""
+    return world_size * max_tokens * update_freq
+
+
 def effective_batch_line(world_size: int, max_tokens: int, update_freq: int, tokens_per_update: int) -> str:
     """The batch the job trains, as every launch form logs it (at most these padded tokens per update)."""
     recipe = f"recipe: {tokens_per_update}" if tokens_per_update else "recipe: not stated, train.tokens_per_update=0"
     return (f"effective batch: {world_size} devices x {max_tokens} tokens x {update_freq} micro-batches = "
-            f"{world_size * max_tokens * update_freq} ({recipe})")
+            f"{effective_tokens(world_size, max_tokens, update_freq)} ({recipe})")

@@ -9,6 +9,7 @@ from omegaconf import MISSING
 
 from nmt.errors import UserError
 from nmt.modes import Attention, Norm, Position, Precision, Schedule
+from nmt.run_names import cell_name, data_label, model_overrides_suffix
 
 
 class ConfigError(UserError, ValueError):
@@ -175,26 +176,13 @@ class TrainConfig:
         require(self.update_freq is None or self.update_freq >= 1, "train.update_freq", self.update_freq,
                 ">= 1 or null (derived from train.tokens_per_update)")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                     "valid_bleu_sentences", "threads", "tokens_per_update"):
+                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines"):
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.score_split in ("test", "valid"), "train.score_split", self.score_split, "test or valid")
-        require(self.score_lines >= 0, "train.score_lines", self.score_lines, ">= 0 (0 = all)")
         return self
-
-
-# What only extends, observes or places a run: these train.* fields may differ when a folder's run is resumed
-# (nmt/resume.py) and stay out of a sweep cell's folder name (nmt/run_names.py). Every other field of model, optim and
-# train defines the run, and so do the data (compared by what was prepared: nmt/data/pipeline.py's identity) and the
-# effective batch (W x max_tokens x F: the launch may change W and F, not their product).
-RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_minutes", "keep_last", "average_last",
-                  "log_every", "valid_every", "valid_bleu_sentences", "max_bad_updates", "output_dir", "device",
-                  "threads", "compile", "attention", "tokens_per_update", "update_freq", "score_split", "score_lines")
-# Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
-# digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
-DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines")
 
 
 @dataclass
@@ -300,18 +288,13 @@ def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from nmt.run_names import cell_name, data_label, model_overrides_suffix
-
-    OmegaConf.register_new_resolver("model_overrides", model_overrides_suffix, replace=True)
-    OmegaConf.register_new_resolver("cell_name", cell_name, replace=True)
-    OmegaConf.register_new_resolver("data_label", data_label, replace=True)
+    resolvers = {"model_overrides": model_overrides_suffix, "cell_name": cell_name, "data_label": data_label}
+    for name, resolver in resolvers.items():
+        OmegaConf.register_new_resolver(name, resolver, replace=True)
 
     store = ConfigStore.instance()
-    store.store(name="prepare_schema", node=PrepareJob)
-    store.store(name="train_schema", node=TrainJob)
-    store.store(name="decode_schema", node=DecodeJob)
-    store.store(name="score_schema", node=ScoreJob)
-    store.store(name="export_schema", node=ExportJob)
-    store.store(name="average_schema", node=AverageJob)
+    for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,
+                      "export": ExportJob, "average": AverageJob}.items():
+        store.store(name=f"{job}_schema", node=node)
     store.store(group="model", name="schema", node=ModelConfig)
     store.store(group="data", name="schema", node=DataConfig)

@@ -7,17 +7,25 @@ from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
-from nmt.batch import micro_batches
+from nmt.batch import effective_tokens, micro_batches
 from nmt.checkpoint import CheckpointError
-from nmt.config import RUN_EXTENSIONS, ModelConfig, OptimConfig, TrainConfig
+from nmt.config import ModelConfig, OptimConfig, TrainConfig
+from nmt.data.pipeline import Prepared
+from nmt.run_names import RUN_EXTENSIONS
 
 
-def check_same_run(state: dict, job: dict, vocab_size: int, batch: int, out: Path) -> None:
+def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path) -> None:
     """Resuming continues the run in the folder: refused (CheckpointError naming every field that differs) when this
     job is another run than the folder's: another model (whose weights would not load), vocabulary, optimizer or
-    schedule, seed, precision, micro-batch or effective batch (`batch`: W x max_tokens x F tokens per update). What
-    only extends, observes or places a run (nmt.config.RUN_EXTENSIONS: max_steps, save and log cadence, device, ...)
-    may change; the data is compared by check_same_data."""
+    schedule, seed, precision, micro-batch or effective batch (`batch`: W x max_tokens x F tokens per update), or
+    other prepared data (check_same_data). What only extends, observes or places a run (nmt.run_names.RUN_EXTENSIONS:
+    max_steps, save and log cadence, device, ...) may change."""
+    check_same_config(state, job, data.vocab_size, batch, out)
+    check_same_data(state, data.identity, data.spm_model, out)
+
+
+def check_same_config(state: dict, job: dict, vocab_size: int, batch: int, out: Path) -> None:
+    """check_same_run's comparison of the job (plain values) and the effective batch with the folder's run."""
     saved = state.get("config", {})
     # a field added to the schema after the folder's run was saved held its default there
     schemas = {"model": ModelConfig(), "optim": OptimConfig(), "train": TrainConfig()}
@@ -47,7 +55,7 @@ def saved_batch(state: dict) -> int | None:
     world_size = state["world_size"]
     launch = SimpleNamespace(tokens_per_update=train.get("tokens_per_update", 0), max_tokens=train["max_tokens"],
                              update_freq=train.get("update_freq"))
-    return world_size * train["max_tokens"] * micro_batches(launch, world_size)
+    return effective_tokens(world_size, train["max_tokens"], micro_batches(launch, world_size))
 
 
 def plain(value):

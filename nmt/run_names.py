@@ -1,5 +1,8 @@
-"""A run's default output folder, outputs/<model>_<data>[.<model overrides>] (configs/train.yaml's hydra.run.dir,
-through these two resolvers): an ablation gets its own folder, never the preset's, and never resumes another run."""
+"""Where a run lives and what makes it the same run. A single run's default folder is
+outputs/<model>_<data>[.<model overrides>] (configs/train.yaml's hydra.run.dir), a -m sweep's cell's
+multirun/<model>_<data>/<cell name> (hydra.sweep.dir and subdir), through the resolvers below: an ablation gets its
+own folder, never the preset's, and never resumes another run. RUN_EXTENSIONS and DATA_PLACES say which fields may
+change on a resume (nmt/resume.py) and stay out of a cell's name."""
 
 from __future__ import annotations
 
@@ -7,6 +10,18 @@ import hashlib
 import re
 from pathlib import Path
 from typing import Optional
+
+
+# What only extends, observes or places a run: these train.* fields may differ when a folder's run is resumed
+# (nmt/resume.py) and stay out of a sweep cell's folder name (cell_name below). Every other field of model, optim and
+# train defines the run, and so do the data (compared by what was prepared: nmt/data/pipeline.py's identity) and the
+# effective batch (W x max_tokens x F: the launch may change W and F, not their product).
+RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_minutes", "keep_last", "average_last",
+                  "log_every", "valid_every", "valid_bleu_sentences", "max_bad_updates", "output_dir", "device",
+                  "threads", "compile", "attention", "tokens_per_update", "update_freq", "score_split", "score_lines")
+# Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
+# digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
+DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines")
 
 
 def model_overrides_suffix(overrides) -> str:
@@ -32,12 +47,10 @@ def cell_name(overrides) -> str:
     """A -m sweep cell's folder under the sweep's (configs/train.yaml's hydra.sweep.subdir): the overrides that define
     its run, sorted, as key-value joined by "+" ("experiment-paper_base+model.clip-4+train.seed-2"). Left out: Hydra's
     own and the launcher's keys, the model and data presets and the data's places (the sweep folder names the corpus;
-    a run compares the prepared data by content) and what only extends or observes a run (nmt.config.RUN_EXTENSIONS),
+    a run compares the prepared data by content) and what only extends or observes a run (RUN_EXTENSIONS),
     so the same sweep run again, or longer, continues each cell in its folder, and a cell of another sweep or recipe
     never shares one. Only letters, digits, "_", "-", "+" and ".", so the folder can be passed back as an override value
     unquoted; a name over CELL_NAME_MAX characters keeps its start and ends in a digest of the whole."""
-    from nmt.config import DATA_PLACES, RUN_EXTENSIONS
-
     kept = []
     for override in map(str, overrides):
         key, _, value = override.lstrip("+~").partition("=")

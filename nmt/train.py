@@ -19,7 +19,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from nmt.average import averaging_note, checkpoints_to_average, write_average
-from nmt.batch import effective_batch_line, micro_batches
+from nmt.batch import effective_batch_line, effective_tokens, micro_batches
 from nmt.cell import is_sweep_cell, run_cell
 from nmt.checkpoint import Checkpointer, CheckpointError, rank_rng
 from nmt.cli import hydra_job
@@ -33,7 +33,7 @@ from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics, UpdateStats
 from nmt.model import Transformer, count_parameters, model_cases
 from nmt.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
-from nmt.resume import check_same_data, check_same_run
+from nmt.resume import check_same_run
 from nmt.runtime import (Env, autocast, autocast_dtype, parallelize, rank0_first, rng_state, set_rng_state, setup_env,
                          setup_logging, stop_signals, sum_over_ranks)
 from nmt.validate import Validator
@@ -55,8 +55,8 @@ class Trainer:
         self.out = Path(self.cfg.output_dir)
         self.data = open_prepared(job.data)  # DataError when missing or damaged since prepare
         torch.manual_seed(self.cfg.seed)
-        self.attention = AttentionBackend(self.cfg.attention)
-        self.attention.lazy = env.world_size == 1  # under DDP only the cases checked together, before training
+        # under DDP only the cases checked together, before training
+        self.attention = AttentionBackend(self.cfg.attention, lazy=env.world_size == 1)
         self.model = Transformer(job.model, self.data.vocab_size, self.attention).to(env.device)
         self.data_parallel, self.train_model = parallelize(self.model, env, self.cfg.compile)
         self.optimizer = make_optimizer(self.model, job.optim)
@@ -68,8 +68,7 @@ class Trainer:
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
-        self.final_valid: dict | None = None  # the last validation loss, logged with its BLEU by finish()
-        self.stopped_by: str | None = None  # the signal that stopped the run early, where this rank received it
+        self.final_valid, self.stopped_by = None, None  # the last valid loss (for finish()); a stop signal received
         self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
 
     def state_dict(self, rng: list[dict] | None = None, saved_for: str = "cadence") -> dict:
@@ -164,9 +163,8 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume()) is not None:
-            batch = env.world_size * cfg.max_tokens * self.update_freq
-            check_same_run(state, job_dict(self.job), self.data.vocab_size, batch, self.out)
-            check_same_data(state, self.data.identity, self.data.spm_model, self.out)
+            batch = effective_tokens(env.world_size, cfg.max_tokens, self.update_freq)
+            check_same_run(state, job_dict(self.job), self.data, batch, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
@@ -202,9 +200,8 @@ class Trainer:
             self.checkpoints.save(partial(self.state_dict, saved_for="end"), self.step, final=True)
         if stop != "signal" and validated != self.step:
             self.final_started = time.monotonic()
-            if env.main:
-                log.info("final validation at update %d: loss on the validation set, then greedy BLEU on %d "
-                         "sentences", self.step, cfg.valid_bleu_sentences)
+            log.info("final validation at update %d: loss on the validation set, then greedy BLEU on %d sentences",
+                     self.step, cfg.valid_bleu_sentences)  # rank 0's: the others log warnings only
             self.final_valid = self.validate.loss(self.model)
         self.stopped_by = signals["received"]
         log_stop(self, stop, self.stopped_by)

@@ -146,12 +146,13 @@ def test_a_run_saved_before_a_model_field_existed_resumes_at_its_default(tmp_pat
     import torch
 
     from nmt.checkpoint import CheckpointError
-    from nmt.resume import check_same_run
+    from nmt.resume import check_same_config
     from tests.conftest import micro_config
 
     model = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(micro_config()).items()}
     older = {k: v for k, v in model.items() if k != "edge_buckets"}
     state = {"config": {"model": older, "optim": {}}, "model": {"embed.weight": torch.zeros(40, 32)}}
-    check_same_run(state, {"model": model, "optim": {}}, 40, 4096, tmp_path)
+    check_same_config(state, {"model": model, "optim": {}}, 40, 4096, tmp_path)
     with pytest.raises(CheckpointError, match=r"model.edge_buckets=8 \(the folder's run: 0\)"):
-        check_same_run(state, {"model": {**model, "edge_buckets": 8, "clip": 12}, "optim": {}}, 40, 4096, tmp_path)
+        check_same_config(state, {"model": {**model, "edge_buckets": 8, "clip": 12}, "optim": {}}, 40, 4096,
+                          tmp_path)

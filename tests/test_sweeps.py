@@ -15,7 +15,7 @@ import torch
 from nmt.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.cli import sweep_checks
 from nmt.config import OptimConfig
-from nmt.resume import check_same_run
+from nmt.resume import check_same_config
 from nmt.run_names import CELL_NAME_MAX, cell_name
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
 
@@ -63,11 +63,11 @@ def test_a_resumed_run_may_extend_but_not_change_its_definition(tmp_path):
     job = {section: dict(values) for section, values in state["config"].items()}
     longer = {**job, "train": {**job["train"], "max_steps": 10**6, "save_every_steps": 7, "device": "cuda",
                                "update_freq": 4}}
-    check_same_run(state, longer, 40, 1200, tmp_path)  # on one device with 4 micro-batches: the same batch
+    check_same_config(state, longer, 40, 1200, tmp_path)  # on one device with 4 micro-batches: the same batch
     changed = {**job, "optim": {**job["optim"], "lr_scale": 2.0, "warmup": 10},
                "train": {**job["train"], "seed": 3}}
     with pytest.raises(CheckpointError) as refused:
-        check_same_run(state, changed, 40, 2400, tmp_path)
+        check_same_config(state, changed, 40, 2400, tmp_path)
     message = str(refused.value)
     for part in ("optim.lr_scale=2.0 (the folder's run: 1.0)", "optim.warmup=10 (the folder's run: 4000)",
                  "train.seed=3 (the folder's run: 1)", "an effective batch of 2400 tokens (the folder's run: 1200)"):

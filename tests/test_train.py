@@ -327,16 +327,17 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(prepared, tmp_pat
 
 
 def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
-    """python -m nmt.train -m model.clip=0,2 (the README's Table 2 sweep) runs one job per value, config.yaml says
-    which."""
+    """python -m nmt.train -m model.clip=0,2 (the README's Table 2 sweep) runs one job per value, in a folder named
+    by its overrides; config.yaml says which, and result.json holds its score."""
     result = subprocess.run(
         [sys.executable, "-m", "nmt.train", "-m", *data_overrides(prepared), *model_overrides(clip="0,2"),
-         "train.max_steps=2",
+         "train.max_steps=2", "train.score_lines=3",
          "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1", f"hydra.sweep.dir={tmp_path}"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     tables = {}
-    for job_dir in (tmp_path / "0", tmp_path / "1"):
+    for job_dir in sorted(p.parent for p in tmp_path.glob("*/result.json")):
+        assert f"model.clip-{load_checkpoint(job_dir / LAST)['config']['model']['clip']}" in job_dir.name
         clip = load_checkpoint(job_dir / LAST)["config"]["model"]["clip"]
         assert f"clip: {clip}" in (job_dir / "config.yaml").read_text()
         tables[clip] = params(job_dir / LAST)["encoder.0.self_attn.rel_k"].shape[-2]

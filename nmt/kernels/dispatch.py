@@ -73,12 +73,13 @@ class AttentionBackend:
     """The choice of implementation for one job, and under auto the verdict of each case's self-test."""
 
     def __init__(self, mode: Attention | str = Attention.auto, devices: tuple[str, ...] = ("cuda",),
-                 dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES, head_dims: tuple[int, ...] = SUPPORTED_HEAD_DIMS):
+                 dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES, head_dims: tuple[int, ...] = SUPPORTED_HEAD_DIMS,
+                 lazy: bool = True):
         self.mode = resolve(mode)
         # where auto may use the kernel (the tests add the CPU: the interpreter, in float64, with small heads)
         self.devices, self.dtypes, self.head_dims = devices, dtypes, head_dims
         self.verdicts: dict[Case, bool] = {}
-        self.lazy = True  # test unchecked cases on first eager use (off under DDP: ranks must agree)
+        self.lazy = lazy  # test unchecked cases on first eager use (off under DDP: ranks must agree)
         self.wide_logged = False  # whether the fall-back of windows wider than the kernel holds was said
 
     def case(self, q: Tensor, rel_k, rel_v, buckets: int, key_padding_mask, causal: bool, dropout_p: float

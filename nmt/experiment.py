@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.batch import micro_batches
-from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
 from nmt.cli import ends_in_one_line
 from nmt.config import (
     DataConfig,
@@ -158,12 +158,23 @@ def claim_folder(output: Path, identity: str) -> None:
     write_json(output / RECORD, {"identity": identity, "finished": False})
 
 
+def checkpoint_to_decode(output: Path, average_last: int) -> Path:
+    """What an experiment decodes: the average its recipe asks for (train.average_last=N: averaged.pt), else the
+    run's newest checkpoint, said in a log line. A recipe without averaging still ends in its score."""
+    if average_last > 0:
+        return output / "averaged.pt"
+    newest = numbered_checkpoints(output)[-1]
+    log.info("train.average_last=0: decoding the newest checkpoint, %s (no average)", newest.name)
+    return newest
+
+
 def train_and_score(overrides: list[str], output: Path, split: str = "test",
                     search: SearchConfig = SearchConfig(), lines: int | None = None) -> dict:
     """Train into `output` (continuing the same run there, see claim_folder), average, decode `split` (its first
     `lines` sentences if given), score. TrainingStopped when a signal stopped the training: the same call continues.
 
-    Writes output/{experiment.json, averaged.pt, <split>.hyp.<tgt>}; returns the result record.
+    Writes output/{experiment.json, averaged.pt (train.average_last > 0), <split>.hyp.<tgt>}; returns the result
+    record.
     """
     started = time.monotonic()
     identity = run_identity(overrides)
@@ -174,7 +185,8 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
 
     data_dir = prepared_dir(job.data)
     device = resolve_device(job.train.device)
-    model, vocab = load_translator(output / "averaged.pt", device)
+    decoded = checkpoint_to_decode(output, job.train.average_last)
+    model, vocab = load_translator(decoded, device)
     sources = list(read_lines(data_dir / f"{split}.{job.data.src}"))[:lines]
     refs = list(read_lines(data_dir / f"{split}.{job.data.tgt}"))[:lines]
     log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
@@ -184,14 +196,15 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     hyp_path = output / f"{split}.hyp.{job.data.tgt}"
     hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
 
-    averaged = load_checkpoint(output / "averaged.pt")
+    decoded_state = load_checkpoint(decoded, mmap=True)
     write_json(output / RECORD, {"identity": identity, "finished": True})
     return {
         **score(hyps, refs, job.data.tgt),
         "pair": f"{job.data.src}-{job.data.tgt}", "split": split, "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
         "ref": str(data_dir / f"{split}.{job.data.tgt}"), "hyp": hyp_path.name,
         "overrides": overrides, "seed": job.train.seed,
-        "updates": averaged["step"], "averaged_from": averaged["averaged_from"],
+        "updates": decoded_state["step"], "averaged_from": decoded_state.get("averaged_from", []),
+        "checkpoint": decoded.name,
         "train_minutes": round(train_minutes, 2), "decode_seconds": round(decode_seconds, 1),
         "total_minutes": round((time.monotonic() - started) / 60, 2),
         "device": machine(device), "threads": torch.get_num_threads(),

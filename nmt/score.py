@@ -18,6 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from nmt.cli import hydra_job
 from nmt.config import ScoreJob, register_schemas
 from nmt.data.readers import DataError, read_lines
+from nmt.outputs import check_output_file
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -69,6 +70,8 @@ def main(cfg) -> None:
     job: ScoreJob = OmegaConf.to_object(cfg)
     suffix = Path(job.ref).suffix.lstrip(".")
     lang = job.lang or (suffix if len(suffix) == 2 else "de")
+    if job.output:  # before the scoring: a refusal costs nothing
+        check_output_file("output", job.output, {"hyp file": job.hyp, "ref file": job.ref})
     result = score_files(job.hyp, job.ref, lang)
     print(f"sacreBLEU  {result['bleu_line']}")
     print(f"signature  {result['signature']}")

@@ -32,6 +32,7 @@ from nmt.config import DecodeJob, register_schemas
 from nmt.data.readers import DataError
 from nmt.decode import load_translator, translate_stream
 from nmt.kernels.dispatch import AttentionBackend
+from nmt.outputs import check_output_file
 from nmt.runtime import autocast, autocast_dtype, resolve_device
 
 log = logging.getLogger("nmt.translate")
@@ -88,6 +89,8 @@ def main(cfg) -> None:
     job: DecodeJob = OmegaConf.to_object(cfg)
     try:
         device = resolve_device(job.check().device)
+        if job.output:  # before anything is opened for writing: output=FILE empties FILE at once
+            check_output_file("output", job.output, {"input file": job.input, "checkpoint": job.checkpoint})
         model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention), job.precision)
         dtype = autocast_dtype(job.precision, device, training=False)
 

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite, numbered_checkpoints, save_checkpoint
 from nmt.cli import ends_in_one_line, hydra_job
 from nmt.config import AverageJob, register_schemas
-from nmt.outputs import check_output_file
+from nmt.outputs import output_file
 
 log = logging.getLogger("nmt.average")
 
@@ -108,9 +108,9 @@ def average(directory: str, last: int, output: str | None = None) -> Path:
     not load."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
     output = output or str(Path(directory) / "averaged.pt")
-    check_output_file("output", output, {})  # a folder: refused before the work
+    output_file("output", output, {})  # a folder: refused before the work
     paths, left_out = checkpoints_to_average(directory, last)
-    check_output_file("output", output, {f"checkpoint {p.name} it averages": p for p in paths})
+    output_file("output", output, {f"checkpoint {p.name} it averages": p for p in paths})
     if len(paths) < last:
         raise CheckpointError(f"asked for the last {last} checkpoints, {directory} has {len(paths)} regular ones"
                               + (f" ({len(left_out)} more saved at a signal, left out)" if left_out else ""))

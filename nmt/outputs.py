@@ -13,10 +13,11 @@ from pathlib import Path
 from nmt.errors import UserError
 
 
-def check_output_file(field: str, output: str | Path, inputs: dict[str, str | Path | None]) -> Path:
-    """`output` as a file the tool may write: refused (UserError, nothing opened) when it is a folder or when it is
-    one of the job's inputs ({what it is: its path}), which opening it for writing would empty. Paths are compared as
-    files (os.path.samefile): `in.txt`, `./in.txt` and a link to it are the same file."""
+def output_file(field: str, output: str | Path, inputs: dict[str, str | Path | None]) -> Path:
+    """`output` as a file the tool may write, its folder made: refused (UserError, nothing opened) when it is a
+    folder, when it is one of the job's inputs ({what it is: its path}), which opening it for writing would empty,
+    or when its folder cannot be made. Paths are compared as files (os.path.samefile): `in.txt`, `./in.txt` and a
+    link to it are the same file."""
     path = Path(output)
     if path.is_dir():
         raise UserError(f"{field}={output} is a folder: give the path of a file to write there, e.g. "
@@ -25,6 +26,10 @@ def check_output_file(field: str, output: str | Path, inputs: dict[str, str | Pa
         if given is not None and same_file(path, Path(given)):
             raise UserError(f"{field}={output} is the {what} ({given}): writing it would destroy it; choose another "
                             f"{field} (nothing was written)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where a folder should be, a read-only or full disk
+        raise UserError(f"{field}={output}: cannot make its folder {path.parent}: {err.strerror or err}") from None
     return path
 
 

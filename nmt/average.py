@@ -16,7 +16,15 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite, numbered_checkpoints, save_checkpoint
+from nmt.checkpoint import (
+    LAST,
+    PREVIOUS,
+    CheckpointError,
+    load_checkpoint,
+    non_finite,
+    numbered_checkpoints,
+    save_checkpoint,
+)
 from nmt.cli import ends_in_one_line, hydra_job
 from nmt.config import AverageJob, register_schemas
 from nmt.outputs import output_file
@@ -110,7 +118,8 @@ def average(directory: str, last: int, output: str | None = None) -> Path:
     output = output or str(Path(directory) / "averaged.pt")
     output_file("output", output, {})  # a folder: refused before the work
     paths, left_out = checkpoints_to_average(directory, last)
-    output_file("output", output, {f"checkpoint {p.name} it averages": p for p in paths})
+    run_files = [*numbered_checkpoints(directory), Path(directory) / LAST, Path(directory) / PREVIOUS]
+    output_file("output", output, {f"run's checkpoint {p.name}": p for p in run_files})  # what it averages, too
     if len(paths) < last:
         raise CheckpointError(f"asked for the last {last} checkpoints, {directory} has {len(paths)} regular ones"
                               + (f" ({len(left_out)} more saved at a signal, left out)" if left_out else ""))

@@ -221,7 +221,10 @@ def test_average_and_score_refuse_to_write_over_their_inputs(run_dir, tmp_path):
     before = listing(run_dir)
     newest = run_dir / "checkpoint_0000004.pt"
     done = cli("nmt.average", f"directory={run_dir}", "last=2", f"output={newest}")
-    one_error_line(done, f"output={newest} is the checkpoint checkpoint_0000004.pt it averages")
+    one_error_line(done, f"output={newest} is the run's checkpoint checkpoint_0000004.pt ({newest}): writing it "
+                         "would destroy it")
+    done = cli("nmt.average", f"directory={run_dir}", "last=1", f"output={run_dir / LAST}")
+    one_error_line(done, f"output={run_dir / LAST} is the run's checkpoint {LAST}")
     assert listing(run_dir) == before
     (tmp_path / "hyp.de").write_text("Ein Mann.\n")
     done = cli("nmt.score", f"hyp={tmp_path / 'hyp.de'}", f"ref={tmp_path / 'hyp.de'}",

@@ -50,9 +50,9 @@ def listing(folder: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def run_dir(prepared, tmp_path_factory) -> Path:
-    """A finished micro run: checkpoints 2 and 4, the whole state of both."""
+    """A finished micro run: checkpoints 2 and 4, the whole state of both; one edge table per layer (exportable)."""
     out = tmp_path_factory.mktemp("run")
-    run(TrainJob(model=micro_config(), data=prepared, optim=OptimConfig(warmup=2),
+    run(TrainJob(model=micro_config(share_heads=True), data=prepared, optim=OptimConfig(warmup=2),
                  train=TrainConfig(max_steps=4, max_tokens=300, save_every_steps=2, valid_every=0, threads=1,
                                    valid_bleu_sentences=0, output_dir=str(out))))
     return out
@@ -250,6 +250,18 @@ def test_the_next_average_removes_a_killed_writers_temporary_file_and_keeps_a_li
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_the_next_export_removes_a_killed_exports_staging_folder(run_dir, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from nmt.export import export
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f".ct2.tmp-{dead.pid}").mkdir()
+    (tmp_path / f".ct2.tmp-{dead.pid}" / "model.bin").write_bytes(b"x" * 1000)  # SIGTERM mid-export
+    export(run_dir / "checkpoint_0000004.pt", tmp_path / "ct2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
 
 
 # An old multi-process checkpoint's data position

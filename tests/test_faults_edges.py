@@ -96,6 +96,17 @@ def test_ranks_with_other_vocabularies_are_refused_once_under_torchruns_restarts
     assert not list(out.glob("checkpoint_*.pt"))
 
 
+def test_a_batch_out_of_reach_under_torchruns_restarts_is_refused_once(prepared, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--max-restarts=3", "--monitor-interval=0.2", "-m", "nmt.train", *data_overrides(prepared),
+                           *model_overrides(), *SMALL, "train.tokens_per_update=1000", "train.max_tokens=600",
+                           f"train.output_dir={tmp_path / 'out'}"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    said = [line for line in done.stderr.splitlines() if "train.tokens_per_update=1000 cannot be reached" in line]
+    assert len(said) == 1 and done.stderr.count("failed (exitcode: 2)") == 4, done.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
 # 2. A sweep killed from outside, then run again
 
 GRID = """import sys

@@ -6,6 +6,7 @@ refuse the same things with the same words."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 from pathlib import Path
@@ -43,7 +44,7 @@ def same_file(a: Path, b: Path) -> bool:
 
 def temporary_name(path: Path) -> Path:
     """Where `path` is written before it is renamed into place: hidden, beside it (the rename stays on one file
-    system), and named after this process, so that a later run can tell a dead writer's leftovers (stale_removed)."""
+    system), and named after this process, so that a later run can tell a dead writer's leftovers (remove_stale_temporaries)."""
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
@@ -52,7 +53,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     no `finally` ran): the temporary files or folders of `path` whose process is gone on this machine. A live
     writer's are kept. Returns what was removed."""
     removed = []
-    for leftover in path.parent.glob(f".{path.name}.tmp-*"):
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
         pid = leftover.name.rsplit("-", 1)[-1]
         if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
             continue
@@ -62,6 +63,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether a process of this id runs on this machine (signal 0 tests, sends nothing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

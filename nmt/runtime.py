@@ -79,8 +79,8 @@ def setup_env(device_name: str, threads: int = 0) -> Env:
     launcher = None
     if world_size > 1:
         launcher, attempt = launcher_store()
-        if attempt > 0 and launcher.check([REFUSED]):  # an earlier attempt said why: nothing to try again
-            sys.exit(EXIT_USER_ERROR)
+        if attempt > 0 and launcher.check([REFUSED]):  # an earlier attempt was refused and said why, once:
+            sys.exit(EXIT_USER_ERROR)  # this one ends at once, without a word (Env.refusal_ends_the_launch)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 store=dist.PrefixStore(f"relnmt/attempt{attempt}", launcher), rank=rank,
                                 world_size=world_size, device_id=device if device.type == "cuda" else None)

@@ -10,6 +10,7 @@ have (exit 75 through nmt.cli.ends_in_one_line): the same command continues.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import multiprocessing
 import os
@@ -20,10 +21,11 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.errors import Stopped
+from nmt.errors import EXIT_STOPPED, Stopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _child: subprocess.Popen | None = None  # a pool worker's running job (run_child), asked to stop on a signal
+_grid: int | None = None  # a pool worker's parent: the grid's process
 
 
 @dataclass(frozen=True)
@@ -32,22 +34,52 @@ class Cell:
     args: tuple  # what the study's run function is called with
 
 
+def die_with_parent() -> None:
+    """SIGTERM to this process when its parent ends, however it ends (Linux prctl PR_SET_PDEATHSIG; elsewhere
+    nothing): a grid killed from outside (SIGKILL, the OOM killer, a scheduler) leaves no worker or job running on."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+    except (OSError, AttributeError):
+        pass
+
+
+def orphaned() -> bool:
+    """Whether this pool worker's grid has ended (the worker was handed to another parent)."""
+    return _grid is not None and os.getppid() != _grid
+
+
 def worker_setup(threads: int) -> None:
     """A pool worker: `threads` CPU threads, and a signal passed on to its child job as SIGTERM (stop after the next
-    checkpoint) instead of ending the worker. A Python handler, not SIG_IGN: the child starts with the defaults."""
+    checkpoint) instead of ending the worker. A Python handler, not SIG_IGN: the child starts with the defaults.
+    The grid's end is such a signal too (die_with_parent): the job stops with its checkpoint, then the worker ends."""
+    global _grid
     import torch
 
+    _grid = os.getppid()
+    die_with_parent()
+    if orphaned():  # the grid ended before the line above could ask to be told
+        os._exit(EXIT_STOPPED)
     torch.set_num_threads(threads)
     for sig in STOP_SIGNALS:
-        signal.signal(sig, lambda *_: _child is not None and _child.poll() is None and _child.terminate())
+        signal.signal(sig, stop_child)
+
+
+def stop_child(*_) -> None:
+    if _child is not None and _child.poll() is None:
+        _child.terminate()  # run_child returns once the job has saved and ended
+    elif orphaned():  # an idle worker of a grid that is gone: nothing to wait for
+        os._exit(EXIT_STOPPED)
 
 
 def run_child(command: list[str], **popen) -> int:
-    """subprocess.run for a grid's job: its exit code, the job stopped by SIGTERM when the grid is stopped."""
+    """subprocess.run for a grid's job: its exit code, the job stopped by SIGTERM when the grid is stopped or ends.
+    The job also gets SIGTERM if its worker dies (die_with_parent), and a worker whose grid is gone ends with it."""
     global _child
-    with subprocess.Popen(command, **popen) as _child:
+    with subprocess.Popen(command, preexec_fn=die_with_parent, **popen) as _child:
         code = _child.wait()
     _child = None
+    if orphaned():  # nobody is left to take the result: the re-run grid continues the job from its checkpoint
+        os._exit(EXIT_STOPPED)
     return code
 
 

@@ -16,7 +16,6 @@ Seeds are the outer loop: an unfinished sweep still has every row at its first s
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from nmt.cli import ends_in_one_line
 from nmt.data.pipeline import prepare
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.experiment import compose_job, find_same_run, run_identity
+from nmt.folder_lock import take_lock
 from nmt.runtime import experiment_cpu_precision
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,21 +147,15 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
 
 
 CORES_LOCK = Path(tempfile.gettempdir()) / "relnmt-sweep-cores.lock"  # machine-wide: one sweep owns the cores
-_cores = None  # the open lock file, held until the process ends (flock: the system frees it even after a kill)
+_cores = None  # the open lock file, held until the process ends (take_lock: never by its workers, never after a kill)
 
 
 def claim_the_cores() -> str | None:
     """Take the machine's cores for this sweep; None when taken, else who holds them."""
     global _cores
-    _cores = open(CORES_LOCK, "a+")
-    try:
-        fcntl.flock(_cores, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        _cores.seek(0)
-        return _cores.read().strip() or "a running sweep"
-    _cores.truncate(0)
-    _cores.write(f"pid {os.getpid()}: python -m experiments.sweep {' '.join(sys.argv[1:])}")
-    _cores.flush()
+    if _cores is None:
+        _cores, holder = take_lock(CORES_LOCK)
+        return holder or None
     return None
 
 

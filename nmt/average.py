@@ -16,9 +16,18 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite, numbered_checkpoints, save_checkpoint
+from nmt.checkpoint import (
+    LAST,
+    PREVIOUS,
+    CheckpointError,
+    load_checkpoint,
+    non_finite,
+    numbered_checkpoints,
+    save_checkpoint,
+)
 from nmt.cli import ends_in_one_line, hydra_job
 from nmt.config import AverageJob, register_schemas
+from nmt.outputs import output_file
 
 log = logging.getLogger("nmt.average")
 
@@ -107,7 +116,10 @@ def average(directory: str, last: int, output: str | None = None) -> Path:
     not load."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
     output = output or str(Path(directory) / "averaged.pt")
+    output_file("output", output, {})  # a folder: refused before the work
     paths, left_out = checkpoints_to_average(directory, last)
+    run_files = [*numbered_checkpoints(directory), Path(directory) / LAST, Path(directory) / PREVIOUS]
+    output_file("output", output, {f"run's checkpoint {p.name}": p for p in run_files})  # what it averages, too
     if len(paths) < last:
         raise CheckpointError(f"asked for the last {last} checkpoints, {directory} has {len(paths)} regular ones"
                               + (f" ({len(left_out)} more saved at a signal, left out)" if left_out else ""))

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import load_checkpoint, numbered_checkpoints
 from nmt.cluster import requeue_after
 from nmt.config import DataConfig, SearchConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
@@ -61,6 +61,17 @@ def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
         score_cell(job, out)
 
 
+def checkpoint_to_decode(output: Path, average_last: int, log=None) -> Path:
+    """What a run decodes: the average its recipe asks for (train.average_last=N: averaged.pt), else the run's newest
+    checkpoint, said in a log line. A recipe without averaging still ends in its score."""
+    if average_last > 0:
+        return output / "averaged.pt"
+    newest = numbered_checkpoints(output)[-1]
+    if log is not None:
+        log.info("train.average_last=0: decoding the newest checkpoint, %s (no average)", newest.name)
+    return newest
+
+
 def decode_and_score(checkpoint: Path, data: DataConfig, split: str, search: SearchConfig, output: Path,
                      lines: int | None = None, device_name: str = "auto", log=None) -> dict:
     """Decode the prepared `split` (its first `lines` sentences if given) with `checkpoint` into
@@ -89,8 +100,8 @@ def score_cell(job: TrainJob, out: Path) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    checkpoint = out / ("averaged.pt" if job.train.average_last > 0 else "checkpoint_last.pt")
-    state = load_checkpoint(checkpoint)
+    checkpoint = checkpoint_to_decode(out, job.train.average_last)
+    state = load_checkpoint(checkpoint, mmap=True)
     result = decode_and_score(checkpoint, job.data, job.train.score_split, SearchConfig(), out,
                               job.train.score_lines or None, job.train.device)
     resolved = OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)

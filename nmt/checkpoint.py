@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from nmt.errors import UserError
+from nmt.outputs import remove_stale_temporaries, temporary_name
 from nmt.runtime import Env, all_gather, broadcast_flag, rng_state
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,11 @@ class CheckpointError(UserError):
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
-    """Write to a temporary file in the same folder, then rename: never a half-written checkpoint."""
+    """Write to a temporary file in the same folder, then rename: never a half-written checkpoint. What a killed
+    earlier writer of the same path left (its temporary file, the checkpoint's size) goes first."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_stale_temporaries(path)
+    tmp = temporary_name(path)
     try:
         torch.save(state, tmp)
         os.replace(tmp, path)
@@ -111,6 +114,21 @@ def rank_rng(state: dict, rank: int, world_size: int) -> dict:
     return rng[rank] if len(rng) == world_size else rng[0]
 
 
+def global_data_position(state: dict) -> int:
+    """The whole state's data position in the one global sequence of batches that every world size shares. A
+    multi-process run saved before that sequence existed (its config has no train.tokens_per_update, added with it)
+    counted the batches of one rank's own share: its world_size ranks had consumed that many times as many, the same
+    part of the epoch (the order within the epoch differs from there on, said in a log line)."""
+    per_rank = "tokens_per_update" not in state.get("config", {}).get("train", {"tokens_per_update": 0})
+    if not per_rank or state["world_size"] == 1:
+        return state["batch"]
+    position = state["batch"] * state["world_size"]
+    log.info("update %d was saved by a %d-process run that counted each rank's batches: its data position %d "
+             "per rank is %d in the global sequence; the batches within this epoch come in another order from here",
+             state["step"], state["world_size"], state["batch"], position)
+    return position
+
+
 def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) -> bool:
     """save_numbered for a training run (rank 0). A failed write (a full disk) leaves every earlier checkpoint
     as it was and says so in one error line; returns whether the save was written. Non-finite weights are never
@@ -153,6 +171,25 @@ def latest_usable(directory: str | Path) -> tuple[Path, dict] | None:
     return None
 
 
+class NoStateToResume(CheckpointError):
+    """Every rank reads the same folder, so every rank raises it."""
+
+    every_rank_alike = True
+
+
+def refuse_weights_without_state(directory: Path) -> None:
+    """A folder with numbered checkpoints and no whole training state (checkpoint_last.pt and checkpoint_prev.pt
+    deleted by a clean-up, left out of a partial copy, or both damaged) is never restarted from scratch: that run
+    would write over checkpoints it did not write. Refused (CheckpointError) naming them and what to do; the
+    weights alone cannot resume (Adam's moments, the data position and the RNG states are gone)."""
+    numbered = numbered_checkpoints(directory)
+    if numbered:
+        shown = ", ".join(p.name for p in numbered[:3]) + (f" and {len(numbered) - 3} more" if len(numbered) > 3 else "")
+        raise NoStateToResume(f"{directory} holds {shown} but no whole training state ({LAST}, {PREVIOUS}) to resume "
+                              "from: a new run there would write over them. Move them away to start afresh, or set "
+                              "train.output_dir to another folder (they still average and translate as they are)")
+
+
 class Checkpointer:
     """A run's training state on disk: every rank takes part in a save (each one's generator states go into it),
     rank 0 writes it, and every rank learns whether it could. A failed write is retried at the next save (the
@@ -166,6 +203,7 @@ class Checkpointer:
         """The newest usable whole state in the output folder (None: start afresh)."""
         found = latest_usable(self.out)
         if found is None:
+            refuse_weights_without_state(self.out)
             return None
         path, state = found
         self.saved_step = state["step"]

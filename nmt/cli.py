@@ -183,10 +183,9 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C
 
 def say_error(err: BaseException, tool: str) -> None:
     """One line on stderr: through the job's own log where it logs to stderr (so a run's train.log keeps it too),
-    else as `error: ...`. Under torchrun a config error, the same on every rank, is said by rank 0 alone."""
-    from nmt.config import ConfigError
-
-    if isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0":
+    else as `error: ...`. Under torchrun an error that every rank raises alike (a config error) is said by rank 0
+    alone."""
+    if getattr(err, "every_rank_alike", False) and os.environ.get("RANK", "0") != "0":
         return
     if any(getattr(handler, "stream", None) is sys.stderr for handler in logging.getLogger().handlers):
         logging.getLogger(f"nmt.{tool}").error("%s", err)

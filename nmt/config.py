@@ -15,6 +15,8 @@ from nmt.run_names import cell_name, data_label, model_overrides_suffix
 class ConfigError(UserError, ValueError):
     """A config value out of its range: the message names the field, the value and what it must be."""
 
+    every_rank_alike = True
+
 
 def require(condition: bool, field: str, value, rule: str) -> None:
     if not condition:
@@ -107,7 +109,8 @@ class DataConfig:
     def check(self) -> "DataConfig":
         require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
         require(self.vocab_size >= 16, "data.vocab_size", self.vocab_size, ">= 16")
-        require(self.vocab_sample >= 1, "data.vocab_sample", self.vocab_sample, ">= 1")
+        # SentencePiece's own floor (trainer_interface.cc: input_sentence_size 1..100 is refused)
+        require(self.vocab_sample > 100, "data.vocab_sample", self.vocab_sample, "> 100")
         require(self.max_len >= 1, "data.max_len", self.max_len, ">= 1")
         require(self.max_ratio >= 1.0, "data.max_ratio", self.max_ratio, ">= 1")
         require(self.max_src_words >= 0, "data.max_src_words", self.max_src_words, ">= 0 (0 = no cap)")

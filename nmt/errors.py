@@ -14,6 +14,8 @@ EXIT_STOPPED = 75
 class UserError(Exception):
     """Bad input, config or state that the user can mend: the message says what, where and what to do."""
 
+    every_rank_alike = False  # under torchrun every rank raises the same one: rank 0 alone says it (nmt.cli)
+
 
 class Stopped(Exception):
     """A signal stopped the job after its last save: run the same command again to continue."""

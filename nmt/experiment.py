@@ -5,6 +5,8 @@
 The demo (scripts/demo.py) and the table sweeps (experiments/sweep.py) are this function with different
 overrides. The training budget is train.max_steps (updates), never minutes, so a slower machine gives the
 same model later. The hypotheses are written next to the result so anyone can re-score them with sacrebleu.
+What is decoded is the average the recipe asks for (train.average_last=N); a recipe without one
+(train.average_last=0) decodes the run's newest checkpoint, says so in a log line and names it in the result.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.batch import micro_batches
-from nmt.cell import decode_and_score
+from nmt.cell import checkpoint_to_decode, decode_and_score
 from nmt.checkpoint import CheckpointError, load_checkpoint
 from nmt.cli import ends_in_one_line
 from nmt.config import (
@@ -159,7 +161,8 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     """Train into `output` (continuing the same run there, see claim_folder), average, decode `split` (its first
     `lines` sentences if given), score. TrainingStopped when a signal stopped the training: the same call continues.
 
-    Writes output/{experiment.json, averaged.pt, <split>.hyp.<tgt>}; returns the result record.
+    Writes output/{experiment.json, averaged.pt (train.average_last > 0), <split>.hyp.<tgt>}; returns the result
+    record.
     """
     started = time.monotonic()
     identity = run_identity(overrides)
@@ -168,13 +171,15 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     run(job)  # prepares the data first (a no-op when up to date)
     train_minutes = (time.monotonic() - started) / 60
 
-    scored = decode_and_score(output / "averaged.pt", job.data, split, search, output, lines, job.train.device, log)
-    averaged = load_checkpoint(output / "averaged.pt")
+    decoded = checkpoint_to_decode(output, job.train.average_last, log)
+    scored = decode_and_score(decoded, job.data, split, search, output, lines, job.train.device, log)
+    decoded_state = load_checkpoint(decoded, mmap=True)
     write_json(output / RECORD, {"identity": identity, "finished": True})
     return {
         **scored,
         "overrides": overrides, "seed": job.train.seed,
-        "updates": averaged["step"], "averaged_from": averaged["averaged_from"],
+        "updates": decoded_state["step"], "averaged_from": decoded_state.get("averaged_from", []),
+        "checkpoint": decoded.name,
         "train_minutes": round(train_minutes, 2), "total_minutes": round((time.monotonic() - started) / 60, 2),
         "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
                                                               "share_heads", "edge_buckets")},

@@ -40,6 +40,7 @@ from nmt.decode import EXPORTED_CONFIG, load_translator
 from nmt.errors import UserError
 from nmt.model import Transformer
 from nmt.modes import Norm, Position
+from nmt.outputs import remove_stale_temporaries, temporary_name
 from nmt.positions import ROPE_BASE
 
 log = logging.getLogger("nmt.export")
@@ -165,16 +166,21 @@ def export(checkpoint: str | Path, output: str | Path, quantization: str | None 
     spec = build_spec(model, vocab)
     spec.validate()
     spec.optimize(quantization=quantization)
-    staging = output.with_name(f".{output.name}.tmp")  # ours: a kill during the export leaves it behind, no more
+    remove_stale_temporaries(output)  # a killed export's staging folder
+    staging = temporary_name(output)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    spec.save(str(staging))
-    (staging / SPM_FILE).write_bytes(vocab.sp.serialized_model_proto())
-    (staging / "TRANSLATE.md").write_text(usage(output, quantization))
-    config = {"model": OmegaConf.to_container(OmegaConf.structured(model.cfg), enum_to_str=True),
-              "checkpoint": str(checkpoint), "quantization": quantization or "float32",
-              "files": {path.name: path.stat().st_size for path in sorted(staging.iterdir())}}
-    (staging / EXPORTED_CONFIG).write_text(json.dumps(config, indent=2) + "\n")  # last: it marks the export whole
+    try:
+        spec.save(str(staging))
+        (staging / SPM_FILE).write_bytes(vocab.sp.serialized_model_proto())
+        (staging / "TRANSLATE.md").write_text(usage(output, quantization))
+        config = {"model": OmegaConf.to_container(OmegaConf.structured(model.cfg), enum_to_str=True),
+                  "checkpoint": str(checkpoint), "quantization": quantization or "float32",
+                  "files": {path.name: path.stat().st_size for path in sorted(staging.iterdir())}}
+        (staging / EXPORTED_CONFIG).write_text(json.dumps(config, indent=2) + "\n")  # last: it marks it whole
+    except BaseException:  # a full disk, Ctrl-C: nothing half-written left beside the output
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     swap_in(staging, output)
     return output
 

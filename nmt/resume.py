@@ -1,5 +1,6 @@
-"""A resumed run is the same run: the folder's checkpoint against this job's model, optimizer, schedule, batch,
-seed, vocabulary and prepared data, refused in one line (CheckpointError) naming what differs."""
+"""A run knows what it trains: a resumed run is the same run (the folder's checkpoint against this job's model,
+optimizer, schedule, batch, seed, vocabulary and prepared data), and every rank of a run trains on the same prepared
+data; refused in one line naming what differs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from nmt.batch import effective_tokens, micro_batches
 from nmt.checkpoint import CheckpointError
 from nmt.config import ModelConfig, OptimConfig, TrainConfig
 from nmt.data.pipeline import Prepared
+from nmt.data.readers import DataError
 from nmt.run_names import RUN_EXTENSIONS
+from nmt.runtime import Env, all_gather
 
 
 def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path) -> None:
@@ -89,3 +92,33 @@ def check_same_data(state: dict, identity: dict, spm_model: bytes, out: Path) ->
     if differs:
         raise CheckpointError(f"{out} holds a run trained on other data: {'; '.join(differs)}. Set "
                               f"train.output_dir to another folder, or remove {out} to start this one afresh")
+
+
+class RanksDisagree(DataError):
+    """Ranks that read different prepared data: every rank gathered the same fingerprints, so every rank raises it."""
+
+    every_rank_alike = True
+
+
+def check_ranks_agree(env: Env, directory: Path, fingerprint: dict[str, str]) -> None:
+    """Every rank trains on the same prepared data and vocabulary: under torchrun each node may read its own copy of
+    the prepared folder at the same path (local disks prepared separately), and a rank with another SentencePiece
+    model would train other words under the same ids without a sign. One all_gather of each rank's fingerprint
+    (Prepared.fingerprint) at the start; RanksDisagree naming the first rank and file that differ from rank 0's."""
+    if env.world_size == 1:
+        return
+    differs = first_disagreement(all_gather(env, fingerprint))
+    if differs is not None:
+        rank, name = differs
+        raise RanksDisagree(f"rank {rank} reads other prepared data than rank 0: its {Path(directory) / name} differs "
+                            "from rank 0's. Every rank must train on the same data: copy rank 0's prepared folder to "
+                            "every node, or prepare it once on a file system they share")
+
+
+def first_disagreement(fingerprints: list[dict[str, str]]) -> tuple[int, str] | None:
+    """(rank, file) of the first rank whose fingerprint differs from rank 0's, file by file; None when all agree."""
+    for rank, theirs in enumerate(fingerprints[1:], start=1):
+        for name, digest in fingerprints[0].items():
+            if theirs.get(name) != digest:
+                return rank, name
+    return None

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nmt.cluster import export_ranks, preemption_signal
 from nmt.config import ConfigError, valid_device
+from nmt.errors import EXIT_USER_ERROR, UserError
 from nmt.modes import Precision
 
 
@@ -42,10 +43,23 @@ class Env:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    launcher: dist.Store | None = None  # under torchrun: the launcher's store, shared by every restart attempt
 
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    @contextlib.contextmanager
+    def refusal_ends_the_launch(self):
+        """Around a job: a UserError (bad config, data or state: a restart would meet it again) is remembered in the
+        launcher's store, so that the attempts torchrun starts after it (--max-restarts: it restarts a worker that
+        exits with any code) end at once, without a word (setup_env): the refusal is made and said once."""
+        try:
+            yield
+        except UserError:
+            if self.launcher is not None:
+                self.launcher.set(REFUSED, "1")
+            raise
 
 
 def setup_env(device_name: str, threads: int = 0) -> Env:
@@ -64,14 +78,23 @@ def setup_env(device_name: str, threads: int = 0) -> Env:
         retain_freed_memory()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local))
+    launcher = None
     if world_size > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=attempt_store(),
-                                rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None)
-    return Env(rank, world_size, device)
+        launcher, attempt = launcher_store()
+        if attempt > 0 and launcher.check([REFUSED]):  # an earlier attempt was refused and said why, once:
+            sys.exit(EXIT_USER_ERROR)  # this one ends at once, without a word (Env.refusal_ends_the_launch)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                store=dist.PrefixStore(f"relnmt/attempt{attempt}", launcher), rank=rank,
+                                world_size=world_size, device_id=device if device.type == "cuda" else None)
+    return Env(rank, world_size, device, launcher)
 
 
-def attempt_store() -> dist.Store:
-    """The launcher's store (env://: MASTER_ADDR, MASTER_PORT), its keys kept apart for each restart attempt.
+REFUSED = "relnmt/refused"  # in the launcher's store: a UserError ended an attempt of this launch
+
+
+def launcher_store() -> tuple[dist.Store, int]:
+    """(The launcher's store (env://: MASTER_ADDR, MASTER_PORT), this restart attempt), the attempt the prefix that
+    keeps each attempt's keys apart.
     torchrun shares its rendezvous store with the workers, so after a restart (--max-restarts) the new group
     would otherwise read the dead attempt's addresses from it: gloo then hung in connectFullMesh
     (pytorch/pytorch#135712). With the attempt in the prefix no launcher needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE.
@@ -81,8 +104,7 @@ def attempt_store() -> dist.Store:
     dead attempt had joined (it died later, mid-run), so the n-th worker to join belongs to attempt
     (n - 1) // world_size. A fixed world size is assumed (no elastic --nnodes=MIN:MAX)."""
     store, _, world_size = next(dist.rendezvous("env://"))
-    attempt = (store.add("relnmt/workers_joined", 1) - 1) // world_size
-    return dist.PrefixStore(f"relnmt/attempt{attempt}", store)
+    return store, (store.add("relnmt/workers_joined", 1) - 1) // world_size
 
 
 def setup_logging(out: Path | None, main: bool) -> None:

@@ -18,6 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from nmt.cli import hydra_job
 from nmt.config import ScoreJob, register_schemas
 from nmt.data.readers import DataError, read_lines
+from nmt.outputs import output_file
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -69,13 +70,14 @@ def main(cfg) -> None:
     job: ScoreJob = OmegaConf.to_object(cfg)
     suffix = Path(job.ref).suffix.lstrip(".")
     lang = job.lang or (suffix if len(suffix) == 2 else "de")
+    if job.output:  # before the scoring: a refusal costs nothing
+        output_file("output", job.output, {"hyp file": job.hyp, "ref file": job.ref})
     result = score_files(job.hyp, job.ref, lang)
     print(f"sacreBLEU  {result['bleu_line']}")
     print(f"signature  {result['signature']}")
     print(f"chrF       {result['chrf']:.2f}  {result['chrf_signature']}")
     print(f"compound-split tokenized BLEU (comparable to the 2018 paper): {result['compound_split_bleu']:.2f}")
     if job.output:
-        Path(job.output).parent.mkdir(parents=True, exist_ok=True)
         Path(job.output).write_text(json.dumps(result, indent=2) + "\n")
 
 

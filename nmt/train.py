@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from nmt.average import averaging_note, checkpoints_to_average, write_average
 from nmt.batch import effective_batch_line, effective_tokens, micro_batches
 from nmt.cell import is_sweep_cell, run_cell
-from nmt.checkpoint import Checkpointer, CheckpointError, rank_rng
+from nmt.checkpoint import Checkpointer, CheckpointError, global_data_position, rank_rng
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.batching import Prefetcher, training_stream
@@ -33,7 +33,7 @@ from nmt.loss import smoothed_loss
 from nmt.metrics import Metrics, UpdateStats
 from nmt.model import Transformer, count_parameters, model_cases
 from nmt.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
-from nmt.resume import check_same_run
+from nmt.resume import check_ranks_agree, check_same_run
 from nmt.runtime import (Env, autocast, autocast_dtype, parallelize, rank0_first, rng_state, set_rng_state, setup_env,
                          setup_logging, stop_signals, sum_over_ranks)
 from nmt.validate import Validator
@@ -54,9 +54,9 @@ class Trainer:
         self.job, self.env, self.cfg = job, env, job.train
         self.out = Path(self.cfg.output_dir)
         self.data = open_prepared(job.data)  # DataError when missing or damaged since prepare
+        check_ranks_agree(env, self.data.directory, self.data.fingerprint())  # before any rank trains on it
         torch.manual_seed(self.cfg.seed)
-        # under DDP only the cases checked together, before training
-        self.attention = AttentionBackend(self.cfg.attention, lazy=env.world_size == 1)
+        self.attention = AttentionBackend(self.cfg.attention, lazy=env.world_size == 1)  # DDP: checked at once, first
         self.model = Transformer(job.model, self.data.vocab_size, self.attention).to(env.device)
         self.data_parallel, self.train_model = parallelize(self.model, env, self.cfg.compile)
         self.optimizer = make_optimizer(self.model, job.optim)
@@ -88,7 +88,7 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch"]
+        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], global_data_position(state)
         self.earlier_seconds = state.get("train_seconds", 0.0)
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
 
@@ -254,6 +254,11 @@ def run(job: TrainJob) -> Path:
     Raises TrainingStopped when a signal ended the run early."""
     job.check()
     env = setup_env(job.train.device, job.train.threads)
+    with env.refusal_ends_the_launch():
+        return train_in(env, job)
+
+
+def train_in(env: Env, job: TrainJob) -> Path:
     out = Path(job.train.output_dir)
     try:
         micro_batches(job.train, env.world_size)  # the recipe's batch within reach of this launch, before any work

@@ -31,7 +31,9 @@ from nmt.cli import hydra_job
 from nmt.config import DecodeJob, register_schemas
 from nmt.data.readers import DataError
 from nmt.decode import load_translator, translate_stream
+from nmt.errors import UserError
 from nmt.kernels.dispatch import AttentionBackend
+from nmt.outputs import output_file
 from nmt.runtime import autocast, autocast_dtype, resolve_device
 
 log = logging.getLogger("nmt.translate")
@@ -61,6 +63,14 @@ def open_source(path: Optional[str]):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+def open_output(path: str):
+    """output=FILE for writing (output_file checked it first), a failure in one line (a read-only disk, no room)."""
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"output={path}: cannot write it: {err.strerror or err}") from None
+
+
 def count_lines(path: str) -> int:
     """Lines in a file (plain or .gz), as decode_source_lines will read them: a last line without its newline
     counts."""
@@ -88,11 +98,13 @@ def main(cfg) -> None:
     job: DecodeJob = OmegaConf.to_object(cfg)
     try:
         device = resolve_device(job.check().device)
+        if job.output:  # before anything is opened for writing: output=FILE empties FILE at once
+            output_file("output", job.output, {"input file": job.input, "checkpoint": job.checkpoint})
         model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention), job.precision)
         dtype = autocast_dtype(job.precision, device, training=False)
 
         interactive = job.input is None and sys.stdin.isatty()  # answer each line as it is typed
-        out = open(job.output, "w", encoding="utf-8") if job.output else sys.stdout
+        out = open_output(job.output) if job.output else sys.stdout
         # lines as they are written; a file's total (counted first, fast) gives the bar its rate and ETA
         bar = tqdm(total=count_lines(job.input) if job.input else None, unit=" lines", disable=job.input is None,
                    file=sys.stderr, mininterval=1.0)

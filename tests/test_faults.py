@@ -25,7 +25,7 @@ from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 from tests.test_train import job
 
 # a plain torchrun launch, as users write their own: no environment variable to remember (restarted workers once
-# hung in gloo's connectFullMesh without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; nmt.runtime.attempt_store)
+# hung in gloo's connectFullMesh without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; nmt.runtime.launcher_store)
 ENV = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
 ENV.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 STEPS = 40

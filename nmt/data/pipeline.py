@@ -9,6 +9,7 @@ rebuilds.
 from __future__ import annotations
 
 import errno
+import hashlib
 import itertools
 import json
 import logging
@@ -26,6 +27,7 @@ from nmt.data import readers
 from nmt.data.readers import DataError
 from nmt.data.shards import EncodedSplit, ShardWriter
 from nmt.data.vocab import Vocab, train_vocab
+from nmt.outputs import remove_stale_temporaries, temporary_name
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,14 @@ class Prepared:
     vocab_size: int
     spm_model: bytes
     identity: dict  # what a run trains on (pair, the train and valid files' digests, vocabulary, filters)
+
+    def fingerprint(self) -> dict[str, str]:
+        """{file: digest} of what makes two copies of the folder the same data: the manifest's identity and sizes
+        (the shards are checked against it at open) and the SentencePiece model (the same ids, the same words)."""
+        manifest = json.dumps({"identity": self.identity, "vocab_size": self.vocab_size,
+                               "pairs": [len(self.train), len(self.valid)]}, sort_keys=True)
+        return {"manifest.json": hashlib.sha256(manifest.encode()).hexdigest(),
+                "spm.model": hashlib.sha256(self.spm_model).hexdigest()}
 
 
 def open_prepared(cfg: DataConfig) -> Prepared:
@@ -223,13 +233,17 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         log.info("%s: rebuilding (%s)", target, "force=true" if force and existing.get("key") == key
                  else "stale: its inputs or settings changed")
 
-    work = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    work = temporary_name(target)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(target)  # a killed prepare's half-written folder (WMT14: gigabytes)
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         vocab_text = work / "vocab_input.txt"
-        log.info("vocabulary text: %d sentences", _write_vocab_input(cfg, vocab_text))
+        sentences = _write_vocab_input(cfg, vocab_text)
+        if sentences == 0:  # before SentencePiece, whose error would not name the files
+            raise DataError(no_pair_left(cfg, {"read": 0}))
+        log.info("vocabulary text: %d sentences", sentences)
         vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample))
         vocab_text.unlink()
         stats = {}

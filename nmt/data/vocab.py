@@ -10,6 +10,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from nmt.config import ConfigError
+
 log = logging.getLogger(__name__)
 
 # Special token ids, fixed in every vocabulary (SentencePiece is trained with them), shared by data and model.
@@ -21,19 +23,35 @@ def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_siz
 
     sample_size bounds the memory: SentencePiece draws that many sentences at random
     (input_sentence_size with shuffle_input_sentence) instead of loading all of WMT14.
-    A corpus too small for vocab_size gets the largest vocabulary it supports, with a warning.
+    A corpus too small for vocab_size gets the largest vocabulary it supports, with a warning; a vocab_size too
+    small for the text's characters, or any other refusal of SentencePiece's, is a ConfigError naming the setting.
     """
     try:
         return _train_bpe(text_file, model_prefix, vocab_size, sample_size)
     except RuntimeError as err:
         largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(err))
         if largest is None:
-            raise
+            raise ConfigError(sentencepiece_refusal(str(err), vocab_size, sample_size)) from None
         supported = int(largest.group(1))
         log.warning("data.vocab_size=%d is more than this training text supports (at most %d word pieces): "
                     "using %d; set data.vocab_size=%d or less to silence this", vocab_size, supported, supported,
                     supported)
         return _train_bpe(text_file, model_prefix, supported, sample_size)
+
+
+def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
+    """SentencePiece's RuntimeError ("INTERNAL: src/trainer_interface.cc(638) [...] Vocabulary size is smaller than
+    required_chars. 60 vs 330. ...") as one line naming the data.* setting to change and how."""
+    needed = re.search(r"smaller than required_chars\. \d+ vs (\d+)", error)
+    if needed:
+        return (f"data.vocab_size={vocab_size} is too small for this training text: its characters, with the 256 "
+                f"byte pieces and 4 special ones, need {needed.group(1)} word pieces; set data.vocab_size="
+                f"{needed.group(1)} or more (the paper: 32768)")
+    if "sentences_.empty()" in error:
+        return "the training text holds no sentence to learn a vocabulary from: check data.train (or the preset's files)"
+    reason = error.split("]", 1)[-1].strip() or error.strip().splitlines()[0]
+    return (f"SentencePiece could not learn a vocabulary of data.vocab_size={vocab_size} from "
+            f"data.vocab_sample={sample_size} sentences: {reason}; change data.vocab_size or data.vocab_sample")
 
 
 def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:

@@ -1,0 +1,73 @@
+"""Outputs never destroy inputs: the checks every tool makes on a path before it opens anything for writing, and
+the one name (and clean-up) of a file or folder written whole under a temporary name.
+
+One home for each rule, so that nmt.translate, nmt.average, nmt.score, nmt.export, the trainer's saves and prepare
+refuse the same things with the same words."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from pathlib import Path
+
+from nmt.errors import UserError
+
+
+def output_file(field: str, output: str | Path, inputs: dict[str, str | Path | None]) -> Path:
+    """`output` as a file the tool may write, its folder made: refused (UserError, nothing opened) when it is a
+    folder, when it is one of the job's inputs ({what it is: its path}), which opening it for writing would empty,
+    or when its folder cannot be made. Paths are compared as files (os.path.samefile): `in.txt`, `./in.txt` and a
+    link to it are the same file."""
+    path = Path(output)
+    if path.is_dir():
+        raise UserError(f"{field}={output} is a folder: give the path of a file to write there, e.g. "
+                        f"{field}={path / 'out.txt'} (nothing was written)")
+    for what, given in inputs.items():
+        if given is not None and same_file(path, Path(given)):
+            raise UserError(f"{field}={output} is the {what} ({given}): writing it would destroy it; choose another "
+                            f"{field} (nothing was written)")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where a folder should be, a read-only or full disk
+        raise UserError(f"{field}={output}: cannot make its folder {path.parent}: {err.strerror or err}") from None
+    return path
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one existing file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either one missing: not the same existing file
+        return False
+
+
+def temporary_name(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place: hidden, beside it (the rename stays on one file
+    system), and named after this process, so that a later run can tell a dead writer's leftovers (remove_stale_temporaries)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove what a killed writer of `path` left (a SIGKILL, an OOM kill, a SIGTERM to a tool without a handler:
+    no `finally` ran): the temporary files or folders of `path` whose process is gone on this machine. A live
+    writer's are kept. Returns what was removed."""
+    removed = []
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = leftover.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
+            continue
+        shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this id runs on this machine (signal 0 tests, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

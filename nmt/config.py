@@ -14,8 +14,7 @@ from nmt.run_names import cell_name, data_label, model_overrides_suffix
 
 class ConfigError(UserError, ValueError):
     """A config value out of its range: the message names the field, the value and what it must be."""
-
-    every_rank_alike = True
+    every_rank_alike = True  # the same config on every rank: rank 0 says it
 
 
 def require(condition: bool, field: str, value, rule: str) -> None:
@@ -109,8 +108,7 @@ class DataConfig:
     def check(self) -> "DataConfig":
         require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
         require(self.vocab_size >= 16, "data.vocab_size", self.vocab_size, ">= 16")
-        # SentencePiece's own floor (trainer_interface.cc: input_sentence_size 1..100 is refused)
-        require(self.vocab_sample > 100, "data.vocab_sample", self.vocab_sample, "> 100")
+        require(self.vocab_sample > 100, "data.vocab_sample", self.vocab_sample, "> 100 (SentencePiece's own floor)")
         require(self.max_len >= 1, "data.max_len", self.max_len, ">= 1")
         require(self.max_ratio >= 1.0, "data.max_ratio", self.max_ratio, ">= 1")
         require(self.max_src_words >= 0, "data.max_src_words", self.max_src_words, ">= 0 (0 = no cap)")
@@ -291,10 +289,9 @@ def register_schemas() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    resolvers = {"model_overrides": model_overrides_suffix, "cell_name": cell_name, "data_label": data_label}
-    for name, resolver in resolvers.items():
+    for name, resolver in {"model_overrides": model_overrides_suffix, "cell_name": cell_name,
+                           "data_label": data_label}.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)
-
     store = ConfigStore.instance()
     for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,
                       "export": ExportJob, "average": AverageJob}.items():

@@ -112,17 +112,18 @@ comma := ,
 space := $(subst ,, )
 LAUNCHERS = local slurm
 SWEEP = $(if $(filter slurm,$(LAUNCHER)),$(PY) -m nmt.train -m hydra/launcher=slurm $(SLURM),$(LAUNCH) -m)
+SHARED = experiment=$(RECIPE) $(MICRO) $(EXTRA)  # what every cell of this sweep holds: its table's rows
 ABLATE = $(if $(filter $(LAUNCHER),$(LAUNCHERS)),,$(error LAUNCHER=$(LAUNCHER): local or slurm)) \
 	$(SWEEP) model=$(MODEL) data=$(DATA) +experiment=$(RECIPE) $(MICRO) train.score_split=$(SPLIT) \
 	train.seed=$(SEEDS) hydra.sweep.dir=$(SWEEP_DIR) $(EXTRA)
 ablate-k: install
 	$(ABLATE) +ablation=$(subst $(space),$(comma),$(addprefix k,$(CLIPS)))
-	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=k,$(CLIPS)) \
+	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=k,$(CLIPS)) --where $(SHARED) \
 	  $(if $(filter 16,$(CLIPS)),--baseline ablation=k16) > $(SWEEP_DIR)/table2.md && cat $(SWEEP_DIR)/table2.md
 
 ablate-kv: install
 	$(ABLATE) +ablation=$(subst $(space),$(comma),$(KV))
-	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=,$(KV)) \
+	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=,$(KV)) --where $(SHARED) \
 	  $(if $(filter k16,$(KV)),--baseline ablation=k16) > $(SWEEP_DIR)/table3.md && cat $(SWEEP_DIR)/table3.md
 
 # The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):

@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from omegaconf import OmegaConf
 
 from nmt.checkpoint import load_checkpoint, numbered_checkpoints
 from nmt.cluster import requeue_after
-from nmt.config import DataConfig, SearchConfig, TrainJob
+from nmt.config import ConfigError, DataConfig, SearchConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
 from nmt.decode import load_translator, translate_lines
-from nmt.errors import Stopped
+from nmt.errors import Stopped, UserError
+from nmt.run_names import DATA_PLACES, RUN_EXTENSIONS
 from nmt.runtime import machine, resolve_device
 from nmt.score import score
 
@@ -38,18 +40,43 @@ def is_sweep_cell() -> bool:
 
 
 def cell_finished(job: TrainJob) -> bool:
-    """A cell whose result holds this budget (train.max_steps) is done; a longer budget continues it."""
+    """A cell whose result is this run's, at this budget (train.max_steps), split and lines, is done. A longer budget
+    continues it; a result of another run in the folder (a definition changed under the same name) leaves it to the
+    trainer, which refuses it in one line naming the fields."""
     path = Path(job.train.output_dir) / RESULT
-    if not path.is_file() or json.loads(path.read_text()).get("updates") != job.train.max_steps:
+    if not path.is_file():
+        return False
+    result, train = json.loads(path.read_text()), job.train
+    if (result.get("updates"), result.get("split"), result.get("score_lines", 0)) != \
+            (train.max_steps, train.score_split, train.score_lines) or \
+            defining_config(result.get("config", {})) != defining_config(plain_job(job)):
         return False
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"{path.parent}: done ({job.train.max_steps} updates, scored in {path.name})", file=sys.stderr)
+        print(f"{path.parent}: done ({train.max_steps} updates, scored in {path.name})", file=sys.stderr)
     return True
+
+
+def defining_config(config: dict) -> dict:
+    """A resolved job's fields that define its run: model, optim, train less RUN_EXTENSIONS, data less DATA_PLACES."""
+    left_out = {"train": RUN_EXTENSIONS, "data": DATA_PLACES}
+    return {section: {name: value for name, value in config.get(section, {}).items()
+                      if name not in left_out.get(section, ())} for section in ("model", "optim", "train", "data")}
+
+
+def plain_job(job: TrainJob) -> dict:
+    """The job as plain values, as checkpoints and results record it."""
+    return OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
 
 
 def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
     """The cell's job: skipped when done; trained (`train`: nmt.train.run); on a submitit job's preemption signal,
-    requeued after its checkpoint; then scored by rank 0."""
+    requeued after its checkpoint; then scored by rank 0, the other ranks waiting for its score (under torchrun they
+    go on to the next cell together)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if any(o.startswith("train.output_dir=") for o in HydraConfig.get().overrides.task):
+        raise ConfigError("train.output_dir in a -m sweep would put every cell in one folder: leave it out (each cell "
+                          "trains in hydra.sweep.dir/<its overrides>)")
     if cell_finished(job):
         return
     try:
@@ -59,6 +86,21 @@ def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
         raise
     if int(os.environ.get("RANK", "0")) == 0:
         score_cell(job, out)
+    else:
+        wait_for_score(out / RESULT)
+
+
+SCORE_WAIT_S = 6 * 3600  # rank 0 averages, decodes and scores: minutes on a GPU; a dead rank 0 ends the job sooner
+
+
+def wait_for_score(path: Path, poll_s: float = 2.0) -> None:
+    """Block until rank 0 has written the cell's score (a UserError after SCORE_WAIT_S)."""
+    deadline = time.monotonic() + SCORE_WAIT_S
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise UserError(f"{path} did not appear within {SCORE_WAIT_S // 3600} hours: rank 0 did not score the "
+                            "cell; its log says why")
+        time.sleep(poll_s)
 
 
 def checkpoint_to_decode(output: Path, average_last: int, log=None) -> Path:
@@ -98,14 +140,14 @@ def decode_and_score(checkpoint: Path, data: DataConfig, split: str, search: Sea
 def score_cell(job: TrainJob, out: Path) -> dict:
     """Decode and score the finished cell in `out`; write out/result.json (whole or not at all) and return it."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     checkpoint = checkpoint_to_decode(out, job.train.average_last)
     state = load_checkpoint(checkpoint, mmap=True)
     result = decode_and_score(checkpoint, job.data, job.train.score_split, SearchConfig(), out,
                               job.train.score_lines or None, job.train.device)
-    resolved = OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
+    resolved = plain_job(job)
     result.update({"overrides": list(HydraConfig.get().overrides.task), "cell": out.name, "seed": job.train.seed,
+                   "score_lines": job.train.score_lines,
                    "updates": state["step"], "checkpoint": checkpoint.name,
                    "averaged_from": state.get("averaged_from"),
                    "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",

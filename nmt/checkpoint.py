@@ -177,12 +177,18 @@ class NoStateToResume(CheckpointError):
     every_rank_alike = True
 
 
-def refuse_weights_without_state(directory: Path) -> None:
+def refuse_weights_without_state(directory: Path, first_save: int) -> None:
     """A folder with numbered checkpoints and no whole training state (checkpoint_last.pt and checkpoint_prev.pt
     deleted by a clean-up, left out of a partial copy, or both damaged) is never restarted from scratch: that run
     would write over checkpoints it did not write. Refused (CheckpointError) naming them and what to do; the
-    weights alone cannot resume (Adam's moments, the data position and the RNG states are gone)."""
+    weights alone cannot resume (Adam's moments, the data position and the RNG states are gone). One exception: the
+    run's own first save (update `first_save`) cut short between its two files (save_numbered), which a new run
+    writes again as it was."""
     numbered = numbered_checkpoints(directory)
+    if [p.name for p in numbered] == [f"checkpoint_{first_save:07d}.pt"]:
+        log.warning("%s holds only %s, no whole training state: a first save cut short; starting afresh",
+                    directory, numbered[0].name)
+        return
     if numbered:
         shown = ", ".join(p.name for p in numbered[:3]) + (f" and {len(numbered) - 3} more" if len(numbered) > 3 else "")
         raise NoStateToResume(f"{directory} holds {shown} but no whole training state ({LAST}, {PREVIOUS}) to resume "
@@ -199,11 +205,12 @@ class Checkpointer:
         self.env, self.out, self.keep_last = env, out, keep_last
         self.saved_step = -1  # the update of the newest whole state on disk
 
-    def resume(self) -> dict | None:
-        """The newest usable whole state in the output folder (None: start afresh)."""
+    def resume(self, first_save: int) -> dict | None:
+        """The newest usable whole state in the output folder (None: start afresh); first_save: the update of the
+        run's first save (refuse_weights_without_state)."""
         found = latest_usable(self.out)
         if found is None:
-            refuse_weights_without_state(self.out)
+            refuse_weights_without_state(self.out, first_save)
             return None
         path, state = found
         self.saved_step = state["step"]

@@ -57,8 +57,11 @@ def sweep_checks(args: list[str]) -> list[list[str]]:
         parsed = OverridesParser.create().parse_overrides(plain)
     except Exception:  # noqa: BLE001 -- a syntax error: override_error reports Hydra's own line for it
         return [plain]
-    values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [a]
-              for o, a in zip(parsed, plain)]
+    try:
+        values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override() else [a]
+                  for o, a in zip(parsed, plain)]
+    except Exception:  # noqa: BLE001 -- glob() and interval() sweeps expand only inside Hydra's run: its own checks
+        return [[a for o, a in zip(parsed, plain) if not o.is_sweep_override()]]
     first = [options[0] for options in values]
     others = [[*first[:i], option, *first[i + 1:]] for i, options in enumerate(values) for option in options[1:]]
     return [first, *others]

@@ -24,7 +24,9 @@ def export_ranks() -> None:
     if in_submitit_job() and "RANK" not in os.environ:
         from submitit.helpers import TorchDistributedEnvironment
 
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        # overwrite: a MASTER_PORT or MASTER_ADDR that a user or a prolog exported must not stop the job (submitit
+        # reads MASTER_PORT itself)
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
 def preemption_signal() -> signal.Signals | None:

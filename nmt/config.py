@@ -167,7 +167,7 @@ class TrainConfig:
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
-    score_split: str = "test"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: test | valid
+    score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
 
     def check(self) -> "TrainConfig":

@@ -43,14 +43,10 @@ def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
     return f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus)
 
 
-def cell_name(overrides) -> str:
-    """A -m sweep cell's folder under the sweep's (configs/train.yaml's hydra.sweep.subdir): the overrides that define
-    its run, sorted, as key-value joined by "+" ("experiment-paper_base+model.clip-4+train.seed-2"). Left out: Hydra's
-    own and the launcher's keys, the model and data presets and the data's places (the sweep folder names the corpus;
-    a run compares the prepared data by content) and what only extends or observes a run (RUN_EXTENSIONS),
-    so the same sweep run again, or longer, continues each cell in its folder, and a cell of another sweep or recipe
-    never shares one. Only letters, digits, "_", "-", "+" and ".", so the folder can be passed back as an override value
-    unquoted; a name over CELL_NAME_MAX characters keeps its start and ends in a digest of the whole."""
+def defining_overrides(overrides) -> list[str]:
+    """The overrides that define a run, as key=value ("+" dropped), sorted: all but Hydra's own and the launcher's
+    keys, the model and data presets (a sweep's folder names them), the data's places (a run compares the prepared
+    data by content) and what only extends or observes a run (RUN_EXTENSIONS)."""
     kept = []
     for override in map(str, overrides):
         key, _, value = override.lstrip("+~").partition("=")
@@ -58,8 +54,18 @@ def cell_name(overrides) -> str:
         if (key.startswith(("hydra.", "hydra/")) or key in ("model", "data")
                 or section == "train" and field in RUN_EXTENSIONS or section == "data" and field in DATA_PLACES):
             continue
-        kept.append(f"{key}-{value}" if value else f"no-{key}")
-    name = "+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in sorted(kept)) or "defaults"
+        kept.append(f"{key}={value}" if value else f"no-{key}")
+    return sorted(kept)
+
+
+def cell_name(overrides) -> str:
+    """A -m sweep cell's folder under the sweep's (configs/train.yaml's hydra.sweep.subdir): its defining overrides
+    as key-value joined by "+" ("experiment-paper_base+model.clip-4+train.seed-2"), so the same sweep run again, or
+    longer, continues each cell in its folder, and a cell of another sweep or recipe never shares one. Only letters,
+    digits, "_", "-", "+" and ".", so the folder can be passed back as an override value unquoted; a name over
+    CELL_NAME_MAX characters keeps its start and ends in a digest of the whole."""
+    parts = [override.replace("=", "-", 1) for override in defining_overrides(overrides)]
+    name = "+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in parts) or "defaults"
     if len(name) > CELL_NAME_MAX:
         name = f"{name[:CELL_NAME_MAX - 12]}+h{hashlib.sha1(name.encode()).hexdigest()[:10]}"
     return name

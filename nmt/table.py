@@ -6,7 +6,8 @@ over seeds), the compound-split tokenized BLEU of the paper's era, the differenc
 t-test against it on per-seed sacreBLEU (where both rows have at least 3 seeds). --rows picks rows (each a row
 whose overrides include it) and their order; rows are named by the overrides in which they differ.
 
-    python -m nmt.table multirun/base_wmt14_en_de --rows +ablation=k0 +ablation=k16 --baseline +ablation=k16
+    python -m nmt.table multirun/base_wmt14_en_de --rows ablation=k0 ablation=k16 --baseline ablation=k16 \
+        --where experiment=paper_base
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from nmt.cli import ends_in_one_line
 from nmt.data.readers import DataError
-from nmt.run_names import cell_name
+from nmt.run_names import cell_name, defining_overrides
 from nmt.stats import MIN_SEEDS, welch_test
 
 
@@ -40,8 +41,12 @@ def row_overrides(cells: list[dict]) -> set[str]:
     return set.intersection(*sets)
 
 
-def pick(rows: dict[str, list[dict]], wanted: list[str]) -> list[tuple[str, list[dict]]]:
-    """The rows holding each wanted override, in that order (all rows, in their natural order, for none)."""
+def pick(rows: dict[str, list[dict]], wanted: list[str], where: list[str] = ()) -> list[tuple[str, list[dict]]]:
+    """The rows holding each wanted override, in that order (all rows, in their natural order, for none), among those
+    holding every defining override of `where` (the sweep's shared overrides: other sweeps' cells in its folder are
+    left out)."""
+    shared = set(defining_overrides(where))
+    rows = {name: cells for name, cells in rows.items() if shared <= row_overrides(cells)}
     if not wanted:
         return sorted(rows.items(), key=lambda item: natural_key(item[0]))
     picked = []
@@ -102,12 +107,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folder", type=Path, help="a -m sweep's folder (multirun/<model>_<data>), one cell per folder")
     parser.add_argument("--rows", nargs="+", default=[], metavar="KEY=VALUE", help="the rows to show, in order")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="the row the others are compared with")
+    parser.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="only the rows holding these overrides (those that define a run; others are ignored)")
     args = parser.parse_args(argv)
     with ends_in_one_line("table"):
         rows = sweep_rows(args.folder)
         if not rows:
             raise DataError(f"no cell of {args.folder} holds a result.json: its sweep has not scored a cell yet")
-        sys.stdout.write(markdown_table(pick(rows, args.rows), args.baseline))
+        sys.stdout.write(markdown_table(pick(rows, args.rows, args.where), args.baseline))
 
 
 if __name__ == "__main__":

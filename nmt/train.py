@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from nmt.average import averaging_note, checkpoints_to_average, write_average
 from nmt.batch import effective_batch_line, effective_tokens, micro_batches
-from nmt.cell import is_sweep_cell, run_cell
+from nmt.cell import is_sweep_cell, plain_job, run_cell
 from nmt.checkpoint import Checkpointer, CheckpointError, global_data_position, rank_rng
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
@@ -39,11 +39,6 @@ from nmt.runtime import (Env, autocast, autocast_dtype, parallelize, rank0_first
 from nmt.validate import Validator
 
 log = logging.getLogger("nmt.train")
-
-
-def job_dict(job: TrainJob) -> dict:
-    """The job as plain values, as checkpoints record it."""
-    return OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
 
 
 class Trainer:
@@ -81,7 +76,7 @@ class Trainer:
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
             "data": self.data.identity,
-            "config": job_dict(self.job), "saved_for": saved_for, "train_seconds": self.train_seconds(),
+            "config": plain_job(self.job), "saved_for": saved_for, "train_seconds": self.train_seconds(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -162,9 +157,9 @@ class Trainer:
         same update), "time" (train.max_minutes) or None."""
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
-        if (state := self.checkpoints.resume()) is not None:
+        if (state := self.checkpoints.resume(cfg.save_every_steps)) is not None:
             batch = effective_tokens(env.world_size, cfg.max_tokens, self.update_freq)
-            check_same_run(state, job_dict(self.job), self.data, batch, self.out)
+            check_same_run(state, plain_job(self.job), self.data, batch, self.out)
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))

@@ -154,3 +154,12 @@ def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_earlier_folder(cor
     assert [p.name for p in target.parent.iterdir() if p.name.startswith(".")] == []  # nothing half-written
     monkeypatch.undo()
     assert open_prepared(cfg).train is not None  # and it is still taken as up to date
+
+
+def test_prepare_never_replaces_a_folder_it_did_not_write(tmp_path):
+    """data.prepared_dir naming a folder of the user's (here the corpus's own): refused in one line, nothing lost."""
+    corpus = corpus_in(tmp_path / "corpus")
+    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    with pytest.raises(DataError, match="holds files that nmt.prepare did not write"):
+        prepare(local_config(corpus, prepared_dir=str(corpus)))
+    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before

@@ -113,19 +113,20 @@ def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
 
     def launch(name, *commands):
-        procs = [subprocess.Popen([*c, *overrides, f"train.output_dir={tmp_path}/{name}"], cwd=ROOT, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands]
+        sweep = commands[0][:4] == [*run, "-m"]  # a -m sweep: its cell's folder is the sweep's to name
+        folder = f"hydra.sweep.dir={tmp_path}/{name}" if sweep else f"train.output_dir={tmp_path}/{name}"
+        procs = [subprocess.Popen([*c, *overrides, folder], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for c in commands]
         for p in procs:
             out, _ = p.communicate(timeout=600)
             assert p.returncode == 0, out[-3000:]
-        return tmp_path / name
+        return next((tmp_path / name).glob(f"*/{LAST}")).parent if sweep else tmp_path / name
 
     port = free_port()
     node = [*torchrun, "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_id=rehearsal",
             f"--rdzv_endpoint=127.0.0.1:{port}", "-m", "nmt.train"]
     # a cell of a -m sweep, as Hydra's submitit launcher starts it: one job of 2 tasks, no torchrun inside
-    cell = [*run, "-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
-            f"hydra.sweep.dir={tmp_path}/sweep", "train.score_lines=2"]
+    cell = [*run, "-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "train.score_lines=2"]
     forms = {"one process": launch("single", run),
              "one node of 4": launch("node4", [*torchrun, "--standalone", "--nproc_per_node=4", "-m", "nmt.train"]),
              "two nodes of 2": launch("nodes2x2", node, node),

@@ -105,7 +105,7 @@ def test_the_submitit_rehearsal_trains_scores_tables_and_continues(prepared, tmp
     assert sorted(reference) == [0, 2]
     for folder in reference.values():
         result = json.loads((folder / "result.json").read_text())
-        assert result["updates"] == 6 and result["sentences"] == 3 and result["split"] == "test"
+        assert result["updates"] == 6 and result["sentences"] == 3 and result["split"] == "valid"
         assert "effective batch: 2 devices x 300 tokens x 1 micro-batches = 600 (recipe: 600)" in \
             (folder / "train.log").read_text()
     table = subprocess.run([sys.executable, "-m", "nmt.table", str(whole), "--rows", "model.clip=0", "model.clip=2"],
@@ -123,7 +123,7 @@ def test_the_submitit_rehearsal_trains_scores_tables_and_continues(prepared, tmp
     killed = subprocess.Popen(sweep_command(prepared, resumed, "train.max_steps=6", "model.clip=0,2"), cwd=ROOT,
                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
-    while not any(resumed.glob("*model.clip-2*/checkpoint_0000002.pt")) and time.monotonic() < deadline:
+    while not any(resumed.glob("*model.clip-2*/checkpoint_last.pt")) and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()

@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,71 +25,17 @@ from nmt.config import DataConfig
 from nmt.data import readers
 from nmt.data.readers import DataError
 from nmt.data.shards import EncodedSplit, ShardWriter
+from nmt.data.sources import SPLITS, manifest_key, prepared_offline, read_split
 from nmt.data.vocab import Vocab, train_vocab
 from nmt.outputs import remove_stale_temporaries, temporary_name
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-SPLITS = ("train", "valid", "test")
 
 
 def prepared_dir(cfg: DataConfig) -> Path:
     capped = f"_src{cfg.max_src_words}w" if cfg.max_src_words else ""  # never overwrite the uncapped data
     return Path(cfg.prepared_dir or f"prepared/{cfg.name}_{cfg.src}_{cfg.tgt}{capped}")
-
-
-def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
-    if cfg.name == "multi30k":
-        return readers.read_multi30k(cfg.root, split, cfg.src, cfg.tgt)
-    if cfg.name == "local":
-        return readers.read_local(_local_prefix(cfg, split), cfg.src, cfg.tgt)
-    if cfg.name == "wmt14":
-        rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
-        return readers.pairs_from_hub_split(rows, cfg.src, cfg.tgt)
-    raise readers.DataError(f"unknown data.name={cfg.name!r}: expected multi30k, local or wmt14")
-
-
-def _local_prefix(cfg: DataConfig, split: str) -> str:
-    prefix = getattr(cfg, split)
-    if not prefix:
-        raise readers.DataError(f"data=local needs data.{split}=PREFIX (reads PREFIX.{cfg.src} and PREFIX.{cfg.tgt})")
-    return prefix
-
-
-def describe_inputs(cfg: DataConfig) -> dict:
-    """What the prepared data is a function of: file digests, or the hub dataset's fingerprint."""
-    inputs = {}
-    for split in SPLITS:
-        if cfg.name == "wmt14":
-            rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
-            inputs[split] = {"config": cfg.hub_config, **readers.hub_split_content(rows)}
-            continue
-        prefix = (str(Path(cfg.root) / readers.MULTI30K_SPLITS[split]) if cfg.name == "multi30k"
-                  else _local_prefix(cfg, split))
-        files = [readers.find_file(prefix, lang) for lang in (cfg.src, cfg.tgt)]
-        inputs[split] = {str(f): readers.file_digest(f) for f in files}
-    return inputs
-
-
-def manifest_key(cfg: DataConfig, inputs: bool = True) -> dict:
-    """What the prepared folder is a function of: its inputs' content (left out with inputs=False) and settings."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "src": cfg.src, "tgt": cfg.tgt,
-        **({"inputs": describe_inputs(cfg)} if inputs else {}),
-        "vocab": {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample},
-        "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio, "max_src_words": cfg.max_src_words},
-    }
-
-
-def prepared_offline(cfg: DataConfig, existing: dict | None) -> bool:
-    """Whether a hub corpus's prepared folder serves a node that cannot read the hub: prepared from a copy of the
-    repository (data.hub_name=DIR) or on a machine with network, with every setting this job asks for."""
-    if cfg.name != "wmt14" or existing is None:
-        return False
-    settings = {name: value for name, value in existing.get("key", {}).items() if name != "inputs"}
-    return settings == manifest_key(cfg, inputs=False)
 
 
 def load_manifest(directory: Path) -> dict | None:
@@ -218,6 +163,9 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
     """Build (or reuse, when up to date) the prepared folder for cfg; returns its path."""
     target = prepared_dir(cfg)
     existing = load_manifest(target)
+    if existing is None and target.is_dir() and any(target.iterdir()):  # outputs never destroy inputs
+        raise DataError(f"{target} holds files that nmt.prepare did not write (it has no manifest.json): set "
+                        "data.prepared_dir to a new or empty folder (nothing was changed)")
     try:
         key = manifest_key(cfg)
     except DataError as unreachable:

@@ -1,0 +1,67 @@
+"""Where a corpus's raw pairs come from (the bundled Multi30k, local files, the Hugging Face hub) and what a
+prepared folder is a function of: its inputs' content and its settings (the manifest's key), so that a stale
+prepared folder is rebuilt and an unchanged one, however it was reached, is not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from nmt.config import DataConfig
+from nmt.data import readers
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "valid", "test")
+
+
+def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+    if cfg.name == "multi30k":
+        return readers.read_multi30k(cfg.root, split, cfg.src, cfg.tgt)
+    if cfg.name == "local":
+        return readers.read_local(_local_prefix(cfg, split), cfg.src, cfg.tgt)
+    if cfg.name == "wmt14":
+        rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
+        return readers.pairs_from_hub_split(rows, cfg.src, cfg.tgt)
+    raise readers.DataError(f"unknown data.name={cfg.name!r}: expected multi30k, local or wmt14")
+
+
+def _local_prefix(cfg: DataConfig, split: str) -> str:
+    prefix = getattr(cfg, split)
+    if not prefix:
+        raise readers.DataError(f"data=local needs data.{split}=PREFIX (reads PREFIX.{cfg.src} and PREFIX.{cfg.tgt})")
+    return prefix
+
+
+def describe_inputs(cfg: DataConfig) -> dict:
+    """What the prepared data is a function of: file digests, or the hub dataset's fingerprint."""
+    inputs = {}
+    for split in SPLITS:
+        if cfg.name == "wmt14":
+            rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
+            inputs[split] = {"config": cfg.hub_config, **readers.hub_split_content(rows)}
+            continue
+        prefix = (str(Path(cfg.root) / readers.MULTI30K_SPLITS[split]) if cfg.name == "multi30k"
+                  else _local_prefix(cfg, split))
+        files = [readers.find_file(prefix, lang) for lang in (cfg.src, cfg.tgt)]
+        inputs[split] = {str(f): readers.file_digest(f) for f in files}
+    return inputs
+
+
+def manifest_key(cfg: DataConfig, inputs: bool = True) -> dict:
+    """What the prepared folder is a function of: its inputs' content (left out with inputs=False) and settings."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "src": cfg.src, "tgt": cfg.tgt,
+        **({"inputs": describe_inputs(cfg)} if inputs else {}),
+        "vocab": {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample},
+        "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio, "max_src_words": cfg.max_src_words},
+    }
+
+
+def prepared_offline(cfg: DataConfig, existing: dict | None) -> bool:
+    """Whether a hub corpus's prepared folder serves a node that cannot read the hub: prepared from a copy of the
+    repository (data.hub_name=DIR) or on a machine with network, with every setting this job asks for."""
+    if cfg.name != "wmt14" or existing is None:
+        return False
+    settings = {name: value for name, value in existing.get("key", {}).items() if name != "inputs"}
+    return settings == manifest_key(cfg, inputs=False)

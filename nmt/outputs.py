@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import socket
 from pathlib import Path
 
 from nmt.errors import UserError
@@ -44,19 +45,20 @@ def same_file(a: Path, b: Path) -> bool:
 
 def temporary_name(path: Path) -> Path:
     """Where `path` is written before it is renamed into place: hidden, beside it (the rename stays on one file
-    system), and named after this process, so that a later run can tell a dead writer's leftovers (remove_stale_temporaries)."""
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    system), and named after this machine and process, so that a later run can tell a dead writer's leftovers
+    (remove_stale_temporaries), even on a file system that several nodes share."""
+    return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:
     """Remove what a killed writer of `path` left (a SIGKILL, an OOM kill, a SIGTERM to a tool without a handler:
-    no `finally` ran): the temporary files or folders of `path` whose process is gone on this machine. A live
-    writer's are kept. Returns what was removed."""
-    removed = []
-    for leftover in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
-        pid = leftover.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
-            continue
+    no `finally` ran): the temporary files or folders of `path` written on this machine by a process that is gone.
+    A live writer's, and another machine's, are kept. Returns what was removed."""
+    removed, prefix = [], f".{path.name}.tmp-"
+    for leftover in path.parent.glob(f"{glob.escape(prefix)}*"):
+        host, _, pid = leftover.name[len(prefix):].rpartition("-")
+        if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid() or process_alive(int(pid)):
+            continue  # another node's (its process cannot be seen from here), a live one, or not ours
         shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
         removed.append(leftover)
     return removed

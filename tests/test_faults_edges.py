@@ -6,6 +6,7 @@ restarts, and an old multi-process checkpoint's data position."""
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -250,12 +251,14 @@ def test_the_next_average_removes_a_killed_writers_temporary_file_and_keeps_a_li
     alive = subprocess.Popen(["sleep", "60"])
     try:
         assert not process_alive(dead.pid) and process_alive(alive.pid)
-        out = tmp_path / "out.pt"
-        (tmp_path / f".out.pt.tmp-{dead.pid}").write_bytes(b"x" * 1000)  # SIGKILLed mid-write
-        (tmp_path / f".out.pt.tmp-{alive.pid}").write_bytes(b"y")  # being written now
+        out, host = tmp_path / "out.pt", socket.gethostname()
+        (tmp_path / f".out.pt.tmp-{host}-{dead.pid}").write_bytes(b"x" * 1000)  # SIGKILLed mid-write
+        (tmp_path / f".out.pt.tmp-{host}-{alive.pid}").write_bytes(b"y")  # being written now
+        (tmp_path / f".out.pt.tmp-othernode-{dead.pid}").write_bytes(b"z")  # another node's: not ours to judge
         done = cli("nmt.average", f"directory={run_dir}", "last=2", f"output={out}")
         assert done.returncode == 0, done.stderr[-2000:]
-        assert sorted(p.name for p in tmp_path.iterdir()) == [f".out.pt.tmp-{alive.pid}", "out.pt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f".out.pt.tmp-{host}-{alive.pid}",
+                                                                      f".out.pt.tmp-othernode-{dead.pid}", "out.pt"])
     finally:
         alive.kill()
         alive.wait()
@@ -267,8 +270,9 @@ def test_the_next_export_removes_a_killed_exports_staging_folder(run_dir, tmp_pa
 
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (tmp_path / f".ct2.tmp-{dead.pid}").mkdir()
-    (tmp_path / f".ct2.tmp-{dead.pid}" / "model.bin").write_bytes(b"x" * 1000)  # SIGTERM mid-export
+    staging = tmp_path / f".ct2.tmp-{socket.gethostname()}-{dead.pid}"
+    staging.mkdir()
+    (staging / "model.bin").write_bytes(b"x" * 1000)  # SIGTERM mid-export
     export(run_dir / "checkpoint_0000004.pt", tmp_path / "ct2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
 

@@ -7,18 +7,18 @@
 #   itself; the requeued job runs the same command, which resumes bit-identically where it stopped;
 # - preemption (SIGTERM to the job) takes the same path;
 # - a worker that dies (GPU fault, OOM kill) brings the group back from the last checkpoint, up to 3 times;
-# - a step that fails beyond that (a node lost: srun ends the step on its first bad exit) requeues the job, up to
-#   MAX_REQUEUES times (default 3, counted by SLURM_RESTART_COUNT), and the requeued job resumes from the last
-#   checkpoint; a refused config fails in the same line each time, so read the job log's first ERROR line.
+# - a step that fails beyond that (a node lost: srun ends the step on its first bad exit) after a checkpoint of
+#   this job requeues the job, up to MAX_REQUEUES times (default 3), and the requeued job resumes from it; a
+#   step that saved nothing (a refused config: the job log's ERROR line says why) ends the job.
 # Submit from the repository root after `make install` and `make prepare-wmt14`:
 #   sbatch scripts/slurm_train.sh                                  # the paper's base on WMT14 En-De
 #   sbatch scripts/slurm_train.sh paper_big big wmt14_en_de        # RECIPE MODEL DATA, then any overrides:
 #   sbatch --nodes=4 scripts/slurm_train.sh paper_base base wmt14_en_fr train.max_tokens=2048
 # (4 nodes x 4 GPUs: the recipe's 32,768 tokens are 16 micro-batches of 2,048, one a GPU.) The run trains in
-# OUTPUT if set, else in Hydra's folder for its model and overrides (outputs/base_wmt14_en_de, or
-# outputs/base_wmt14_en_de.clip-4 for model.clip=4), never another run's; for sweeps of many runs, Hydra's
-# submitit launcher (configs/hydra/launcher/slurm.yaml) submits one job per cell. The job log is
-# relnmt-<job id>.log in the submit folder (SLURM opens it before this script runs, so it cannot be under a
+# OUTPUT if set, else the paper's recipe in outputs/MODEL_DATA and any other in a folder named by the overrides
+# that define it (outputs/base_wmt14_en_fr.experiment-paper_base+train.max_tokens-2048), never another run's;
+# for sweeps of many runs, Hydra's submitit launcher (configs/hydra/launcher/slurm.yaml) submits one job per
+# cell. The job log is relnmt-<job id>.log in the submit folder (SLURM opens it before this script runs, so it cannot be under a
 # folder the script would create); the run's own log is its folder's train.log.
 #SBATCH --job-name=relnmt
 #SBATCH --nodes=2
@@ -34,9 +34,17 @@
 set -uo pipefail
 recipe=${1:-paper_base}; model=${2:-base}; data=${3:-wmt14_en_de}
 shift $(( $# < 3 ? $# : 3 ))
-output=(${OUTPUT:+"train.output_dir=$OUTPUT"})  # none: Hydra names the folder by model, data and overrides
-gpus=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-4}}; gpus=${gpus##*:}  # "h100:4" -> 4
 python=${PYTHON:-.venv/bin/python}
+# the run's folder: OUTPUT, else the paper's recipe as it is in outputs/MODEL_DATA (make train-base's), and
+# anything else beside it, named by the overrides that define it (as a sweep names its cells)
+if [ -n "${OUTPUT:-}" ]; then output=$OUTPUT
+elif [ $# -eq 0 ] && [ "$recipe" = "paper_$model" ]; then output=outputs/${model}_${data}
+else output=outputs/${model}_${data}.$("$python" -c 'import sys; from nmt.run_names import cell_name
+print(cell_name(sys.argv[1:]))' "+experiment=$recipe" "$@") || exit 2
+fi
+saved() { stat -c %Y "$output/checkpoint_last.pt" 2>/dev/null || echo 0; }  # when the last whole state was saved
+saved_before=$(saved)
+gpus=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-4}}; gpus=${gpus##*:}  # "h100:4" -> 4
 # on SIGTERM torchrun gives its workers this long (default 30 s) to finish the update and save; inside the 120 s
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-100}
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -47,7 +55,7 @@ trap on_signal USR1 TERM
 srun --kill-on-bad-exit=1 "$python" -m torch.distributed.run \
   --nnodes="$SLURM_NNODES" --nproc_per_node="$gpus" --max-restarts=3 \
   --rdzv_id="$SLURM_JOB_ID" --rdzv_backend=c10d --rdzv_endpoint="$head_node:${RDZV_PORT:-29500}" \
-  -m nmt.train model="$model" data="$data" +experiment="$recipe" "${output[@]}" "$@" &
+  -m nmt.train model="$model" data="$data" +experiment="$recipe" train.output_dir="$output" "$@" &
 launcher=$!
 wait "$launcher"; status=$?
 while kill -0 "$launcher" 2>/dev/null; do wait "$launcher"; status=$?; done  # a trap interrupts the first wait
@@ -56,9 +64,14 @@ if [ -n "$stop" ]; then
   scontrol requeue "$SLURM_JOB_ID"
   exit 0
 fi
-if [ "$status" -ne 0 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt "${MAX_REQUEUES:-3}" ]; then
-  echo "the job step failed (exit $status): requeueing job $SLURM_JOB_ID to resume from the last checkpoint" \
-       "(requeue $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of ${MAX_REQUEUES:-3})"
+# a failed step that had saved in this job (a node lost mid-run) is requeued, up to MAX_REQUEUES times in all (counted
+# in the submit folder, apart from the signals' requeues); one that never saved (a refused config) ends here
+failures=.relnmt-$SLURM_JOB_ID.failures
+if [ "$status" -ne 0 ] && [ "$(saved)" != "$saved_before" ] && \
+   [ "$(cat "$failures" 2>/dev/null | wc -l)" -lt "${MAX_REQUEUES:-3}" ]; then
+  echo "failed" >>"$failures"
+  echo "the job step failed (exit $status) after saving: requeueing job $SLURM_JOB_ID to resume from" \
+       "$output/checkpoint_last.pt (requeue $(wc -l <"$failures") of ${MAX_REQUEUES:-3} for failures)"
   scontrol requeue "$SLURM_JOB_ID"
   exit 0
 fi

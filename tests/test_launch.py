@@ -199,7 +199,7 @@ def test_slurm_script_requeues_on_its_signal_and_resumes_bit_identically(prepare
 def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_overrides(prepared, tmp_path):
     """scripts/slurm_train.sh on 2 shim "nodes", one lost mid-run (its torchrun agent and workers SIGKILLed): srun
     ends the step, the job requeues itself, and the requeued job resumes from the last checkpoint to the end. With no
-    OUTPUT, the run trains in Hydra's folder for its overrides (outputs/tiny_local_...clip-2), not the preset's."""
+    OUTPUT, the run trains in a folder named by the overrides that define it, not the main run's."""
     recipe = [*data_overrides(prepared), *model_overrides(clip=2), "train.max_tokens=2048", "train.max_steps=40",
               "train.save_every_steps=2", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.log_every=2",
               "train.device=cpu", "train.threads=1"]
@@ -210,7 +210,7 @@ def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_ov
            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"}
     job = subprocess.Popen(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local", *recipe],
                            cwd=tmp_path, env=env)
-    folders = lambda: [p for p in (tmp_path / "outputs").glob("tiny_local_*") if (p / LAST).exists()]  # noqa: E731
+    folders = lambda: [p for p in (tmp_path / "outputs").glob("tiny_local.*") if (p / LAST).exists()]  # noqa: E731
     deadline = time.monotonic() + 300
     while not folders() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -222,7 +222,8 @@ def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_ov
     assert job.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert "the job step failed" in log.read_text() and (tmp_path / "requeued").read_text().split() == ["7"]
     folder = folders()[0]
-    assert ".clip-2." in folder.name and load_checkpoint(folder / LAST)["step"] < 40
+    assert folder.name.startswith("tiny_local.") and "+experiment-table1+model.clip-2+" in folder.name
+    assert load_checkpoint(folder / LAST)["step"] < 40
 
     requeued = subprocess.run(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local",
                                *recipe], cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"}, timeout=600)

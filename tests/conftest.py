@@ -37,6 +37,15 @@ def data_overrides(data: DataConfig, **overrides) -> list[str]:
     return ["data=local", *[f"data.{k}={overrides.get(k, getattr(data, k))}" for k in fields]]
 
 
+def one_error_line(done, *wanted: str) -> str:
+    """The job ended with exit 2, its last line holding each wanted text, said once, and no traceback."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr and lines, done.stderr[-2000:]
+    assert all(text in lines[-1] for text in wanted), done.stderr[-2000:]
+    assert sum(wanted[0] in line for line in lines) == 1, done.stderr[-2000:]
+    return lines[-1]
+
+
 def wait_for(predicate, seconds=120):
     """Poll until predicate() holds (a run reaching an update, a file appearing); TimeoutError after `seconds`."""
     import time

@@ -14,14 +14,23 @@ from pathlib import Path
 import pytest
 
 from nmt.checkpoint import LAST, PREVIOUS, global_data_position, numbered_checkpoints
+from nmt.config import OptimConfig, TrainConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import file_digest
 from nmt.data.vocab import train_vocab
 from nmt.outputs import process_alive
 from nmt.resume import first_disagreement
 from nmt.train import run
-from nmt.config import OptimConfig, TrainConfig, TrainJob
-from tests.conftest import ROOT, data_overrides, micro_config, model_overrides, multi30k_lines, wait_for, write
+from tests.conftest import (
+    ROOT,
+    data_overrides,
+    micro_config,
+    model_overrides,
+    multi30k_lines,
+    one_error_line,
+    wait_for,
+    write,
+)
 
 ENV = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
 ENV.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -32,15 +41,6 @@ SMALL = ["train.max_tokens=300", "train.valid_every=0", "train.valid_bleu_senten
 def cli(*args, stdin=None, timeout=300):
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, input=stdin, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def one_error_line(done, *wanted: str) -> str:
-    """Exit 2, no traceback, the last line holding each wanted text, and that line said once."""
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and "Traceback" not in done.stderr and lines, done.stderr[-2000:]
-    assert all(text in lines[-1] for text in wanted), done.stderr[-2000:]
-    assert sum(wanted[0] in line for line in lines) == 1, done.stderr[-2000:]
-    return lines[-1]
 
 
 def listing(folder: Path) -> dict[str, bytes]:

@@ -18,7 +18,7 @@ from nmt.decode import load_translator
 from nmt.errors import UserError
 from nmt.export import export
 from nmt.train import run
-from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
+from tests.conftest import ROOT, data_overrides, micro_config, model_overrides, one_error_line
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -26,15 +26,6 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 def cli(*args, stdin=None):
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=ENV, input=stdin, capture_output=True,
                           text=True, timeout=300)
-
-
-def one_error_line(done, *wanted: str) -> str:
-    """The job ended with exit 2, its last line holding each wanted text, said once, and no traceback."""
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and "Traceback" not in done.stderr and lines, done.stderr[-2000:]
-    assert all(text in lines[-1] for text in wanted), done.stderr[-2000:]
-    assert sum(wanted[0] in line for line in lines) == 1, done.stderr[-2000:]
-    return lines[-1]
 
 
 def listing(folder: Path) -> dict[str, bytes]:

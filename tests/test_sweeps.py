@@ -164,3 +164,32 @@ def test_a_typo_in_a_sweep_is_one_line_before_any_cell_runs(tmp_path, typo, name
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0], done.stderr
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_preempted_submitit_job_saves_requeues_and_continues_bit_exact(prepared, tmp_path):
+    """submitit's preemption signal (USR2) to both tasks of a cell's job: every rank stops after the same update with
+    a complete checkpoint, submitit's own handler requeues the job (its local executor restarts the tasks), and the
+    requeued job resumes and ends with the parameters of an uninterrupted cell."""
+    whole = subprocess.run(sweep_command(prepared, tmp_path / "whole", "train.max_steps=30", "model.clip=2"),
+                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    sweep = subprocess.Popen(sweep_command(prepared, tmp_path / "preempted", "train.max_steps=30", "model.clip=2"),
+                             cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not any((tmp_path / "preempted").glob(f"*/{LAST}")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tasks = subprocess.run(["pgrep", "-f", f"submitit.core._submit {tmp_path / 'preempted'}"], capture_output=True,
+                           text=True).stdout.split()
+    assert len(tasks) == 2, tasks
+    for pid in tasks:
+        os.kill(int(pid), signal.SIGUSR2)
+    out, _ = sweep.communicate(timeout=600)
+    assert sweep.returncode == 0, out[-4000:]
+    cell = next((tmp_path / "preempted").glob(f"*/{LAST}")).parent
+    log = (cell / "train.log").read_text()
+    assert "stopped by SIGUSR2" in log and "resuming from" in log
+    a, b = cells(tmp_path / "whole")[2], cells(tmp_path / "preempted")[2]
+    assert load_checkpoint(b / LAST)["step"] == 30
+    for name, tensor in load_checkpoint(a / LAST)["model"].items():
+        assert torch.equal(tensor, load_checkpoint(b / LAST)["model"][name]), name

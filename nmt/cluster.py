@@ -1,5 +1,5 @@
-"""A job that Hydra's submitit launcher started (hydra/launcher=submitit_slurm, or submitit_local): its tasks are the
-ranks, and its preemption signal ends the run with a checkpoint, then requeues the job.
+"""A job that Hydra's submitit launcher started (hydra/launcher=slurm, or local_jobs: configs/hydra/launcher/): its
+tasks are the ranks, and its preemption signal ends the run with a checkpoint, then requeues the job.
 
 Under the launcher, a cell of a -m sweep is one SLURM job of nodes x tasks_per_node tasks (configs/hydra/launcher/),
 one process per GPU and no torchrun inside: torch's env:// variables come from the job's own environment. submitit

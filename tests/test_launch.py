@@ -90,7 +90,7 @@ def test_every_multi_node_line_of_the_docs_reaches_its_recipe_batch():
         launcher = OmegaConf.load(preset)
         for model in ("base", "big"):
             job = preset_job(f"model={model}", "data=wmt14_en_de", f"+experiment=paper_{model}")
-            micro_batches(job.train, launcher.nodes * launcher.tasks_per_node)
+            micro_batches(job.train, launcher.get("nodes", 1) * launcher.get("tasks_per_node", 1))
 
 
 def free_port() -> int:
@@ -126,7 +126,7 @@ def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
     node = [*torchrun, "--nnodes=2", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_id=rehearsal",
             f"--rdzv_endpoint=127.0.0.1:{port}", "-m", "nmt.train"]
     # a cell of a -m sweep, as Hydra's submitit launcher starts it: one job of 2 tasks, no torchrun inside
-    cell = [*run, "-m", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "train.score_lines=2"]
+    cell = [*run, "-m", "hydra/launcher=local_jobs", "hydra.launcher.tasks_per_node=2", "train.score_lines=2"]
     forms = {"one process": launch("single", run),
              "one node of 4": launch("node4", [*torchrun, "--standalone", "--nproc_per_node=4", "-m", "nmt.train"]),
              "two nodes of 2": launch("nodes2x2", node, node),

@@ -81,7 +81,7 @@ def sweep_command(prepared, sweep_dir, *extra, tasks=2):
     settings = ["train.max_tokens=300", "train.tokens_per_update=600", "train.valid_every=0",
                 "train.valid_bleu_sentences=0", "train.threads=1", "train.log_every=1", "train.save_every_steps=2",
                 "train.keep_last=0", "train.device=cpu", "train.score_lines=3", "model.dropout=0.0"]
-    return [sys.executable, "-m", "nmt.train", "-m", "hydra/launcher=submitit_local",
+    return [sys.executable, "-m", "nmt.train", "-m", "hydra/launcher=local_jobs",
             f"hydra.launcher.tasks_per_node={tasks}", f"hydra.sweep.dir={sweep_dir}", *data_overrides(prepared),
             *(o for o in model_overrides() if not o.startswith("model.clip=")), *settings, *extra]
 
@@ -193,3 +193,14 @@ def test_a_preempted_submitit_job_saves_requeues_and_continues_bit_exact(prepare
     assert load_checkpoint(b / LAST)["step"] == 30
     for name, tensor in load_checkpoint(a / LAST)["model"].items():
         assert torch.equal(tensor, load_checkpoint(b / LAST)["model"][name]), name
+
+
+@pytest.mark.slow
+def test_a_cell_that_fails_ends_the_sweep_in_one_line(prepared, tmp_path):
+    """A cell refused inside its job (4 tasks cannot deal a 2-micro-batch recipe): the submitting command says the
+    cell's one line and where its log is, not submitit's traceback."""
+    done = subprocess.run(sweep_command(prepared, tmp_path / "sweep", "train.max_steps=2", "model.clip=2", tasks=4),
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    failed = [line for line in done.stderr.splitlines() if line.startswith("a cell of the sweep failed")]
+    assert len(failed) == 1 and "cannot be reached on 4 device(s)" in failed[0] and ".submitit/" in failed[0]

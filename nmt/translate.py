@@ -99,7 +99,8 @@ def main(cfg) -> None:
     try:
         device = resolve_device(job.check().device)
         if job.output:  # before anything is opened for writing: output=FILE empties FILE at once
-            output_file("output", job.output, {"input file": job.input, "checkpoint": job.checkpoint})
+            source = {"input file": job.input} if job.input else {"standard input": "/dev/stdin"}  # `< FILE`
+            output_file("output", job.output, {**source, "checkpoint": job.checkpoint})
         model, vocab = load_translator(job.checkpoint, device, AttentionBackend(job.attention), job.precision)
         dtype = autocast_dtype(job.precision, device, training=False)
 

@@ -204,6 +204,17 @@ def test_numbered_checkpoints_without_a_whole_state_are_never_restarted_over(pre
 
 # 6. and 7. An output that is an input, or a folder
 
+def test_translate_refuses_to_write_the_file_on_its_standard_input(run_dir, tmp_path):
+    source = tmp_path / "in.en"
+    source.write_text("A man rides a bike.\n")
+    with open(source) as stdin:  # nmt.translate checkpoint=C output=in.en < in.en
+        done = subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={run_dir / 'checkpoint_0000004.pt'}",
+                               f"output={source}"], cwd=ROOT, env=ENV, stdin=stdin, capture_output=True, text=True,
+                              timeout=300)
+    one_error_line(done, f"output={source} is the standard input (/dev/stdin): writing it would destroy it")
+    assert source.read_text() == "A man rides a bike.\n"
+
+
 def test_translate_refuses_to_write_its_own_input(run_dir, tmp_path):
     source = tmp_path / "in.en"
     source.write_text("A man rides a bike.\nTwo dogs play.\n")

@@ -102,8 +102,8 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_every_launch_form_takes_the_same_first_gradient(prepared, tmp_path):
     """One process with 4 micro-batches, torchrun on one node of 4, two torchrun agents ("nodes") of 2 meeting
-    at a c10d rendezvous and a -m sweep's cell as Hydra's submitit launcher runs it (2 tasks): the same logged batch, and Adam's first moment after update 1 (the gradient itself, times
-    1 - beta1) equal to float tolerance. The weights after one Adam step could not show it (each moves by ~lr)."""
+    at a c10d rendezvous and a -m sweep's cell as Hydra's submitit launcher runs it (2 tasks): the same logged
+    batch, and Adam's first moment after update 1 (the gradient itself, times 1 - beta1) equal to float tolerance. The weights after one Adam step could not show it (each moves by ~lr)."""
     budget = 300
     overrides = [*data_overrides(prepared), *model_overrides(dropout=0.0), "train.max_steps=1",
                  f"train.max_tokens={budget}", f"train.tokens_per_update={4 * budget}", "train.valid_every=0",

@@ -41,7 +41,9 @@ import torch
 import torch.nn.functional as F
 
 from experiments.grid import Cell, read_records, run_grid, write_record
-from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
+from experiments.reach import (FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit,
+                              offset_symbols)
+from experiments.shortcuts import shortcut_shares
 from nmt.cli import ends_in_one_line
 
 MODES = ["relative:2", "relative:8", "relative:16", "buckets:128", "t5", "alibi", "rope", "absolute", "none"]
@@ -55,22 +57,29 @@ OUTPUTS = {"offset": Path("results/extrapolate"), "repeat": Path("results/extrap
 
 def model_for(mode: str, layers: int, task: str = "offset") -> Tagger:
     position, _, clip = mode.partition(":")
-    sizes = {"vocab": FIRST_TOKEN + REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
+    sizes = {"vocab": FIRST_TOKEN + 2 * REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
     if position == "buckets":
         return Tagger(layers, int(clip or 128), position="relative", edge_buckets=EDGE_BUCKETS, **sizes)
     return Tagger(layers, int(clip or 16), position=position, **sizes)
 
 
 def repeat_batch(n: int, generator: torch.Generator, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (n, length), targets (n, length)): N/2 distinct symbols twice; in the second half the target is the
-    symbol after the current one's first occurrence (-100 in the first half)."""
+    """(tokens (n, length), targets (n, length)): the first half N/2 distinct random symbols (of REPEAT_SYMBOLS); the
+    second half the same symbols in a random order, each written as its query token (id + REPEAT_SYMBOLS: told apart
+    from the first half by content); the target at the query of s is the symbol that followed s in the first half
+    (-100 in the first half, and at the query of the first half's last symbol, which has no successor there)."""
     half = length // 2
     first = torch.rand(n, REPEAT_SYMBOLS, generator=generator).argsort(-1)[:, :half]  # distinct symbols per row
-    symbols = torch.cat([first, first], 1)
-    targets = torch.full_like(symbols, -100)
-    targets[:, half:-1] = first[:, 1:]  # position half + i holds first[i]; the symbol after it is first[i + 1]
-    targets[:, -1] = -100  # the last symbol's successor would be the second half's first: not in the first half
-    return FIRST_TOKEN + symbols, targets
+    order = torch.rand(n, half, generator=generator).argsort(-1)  # the queries: first-half indices, shuffled
+    successor = torch.cat([first[:, 1:], torch.full((n, 1), -100)], 1)  # of first[:, i]: first[:, i + 1]
+    targets = torch.cat([torch.full((n, half), -100), successor.gather(1, order)], 1)
+    tokens = torch.cat([first, REPEAT_SYMBOLS + first.gather(1, order)], 1)
+    return FIRST_TOKEN + tokens, targets
+
+
+def repeat_symbols(tokens: torch.Tensor) -> torch.Tensor:
+    """The symbol each token of repeat_batch names (a query names the symbol it asks about): what a head could copy."""
+    return (tokens - FIRST_TOKEN) % REPEAT_SYMBOLS
 
 
 def repeat_loss(generator: torch.Generator):
@@ -81,11 +90,24 @@ def repeat_loss(generator: torch.Generator):
 
 
 def repeat_accuracy(model: Tagger, length: int, seed: int) -> float:
-    tokens, targets = repeat_batch(REPEAT_EVAL, torch.Generator().manual_seed(20_000 + seed), length)
+    """Accuracy over the queries of REPEAT_EVAL fresh sequences of `length` drawn from generator seed `seed` (run_one:
+    20_000 + the run's seed for the test at each length, 30_000 + it for the validation set at the training length,
+    on which the budget was chosen)."""
+    tokens, targets = repeat_batch(REPEAT_EVAL, torch.Generator().manual_seed(seed), length)
     keep = targets >= 0
     with torch.no_grad():
         predicted = torch.cat([model(t).argmax(-1) for t in tokens.split(64)])
     return float((predicted == targets)[keep].float().mean())
+
+
+def shortcuts(task: str, length: int, seed: int) -> dict:
+    """The shortcut shares (experiments/shortcuts.py) of the task's evaluation batch at `length`."""
+    generator = torch.Generator().manual_seed(20_000 + seed)
+    if task == "repeat":
+        tokens, targets = repeat_batch(REPEAT_EVAL, generator, length)
+        return shortcut_shares(repeat_symbols(tokens), targets)
+    tokens, targets = batch(PER_DISTANCE * MAX_DISTANCE, generator, None, length)
+    return shortcut_shares(offset_symbols(tokens), targets)
 
 
 def accuracy(model: Tagger, length: int, seed: int) -> list[float]:
@@ -108,12 +130,16 @@ def run_one(mode: str, seed: int, layers: int, updates: int, output: Path, task:
     final_loss = fit(model, updates, repeat_loss(generator) if task == "repeat" else copy_loss(generator))
     model.eval()
     if task == "repeat":
-        by_length, mean_accuracy = {}, {str(n): repeat_accuracy(model, n, seed) for n in EVAL_LENGTHS}
+        by_length = {}
+        mean_accuracy = {str(n): repeat_accuracy(model, n, 20_000 + seed) for n in EVAL_LENGTHS}
+        validation = {"validation_accuracy": repeat_accuracy(model, LENGTH, 30_000 + seed)}
     else:
         by_length = {str(n): accuracy(model, n, seed) for n in EVAL_LENGTHS}
         mean_accuracy = {n: statistics.mean(a) for n, a in by_length.items()}
+        validation = {}
     result = {"task": task, "mode": mode, "seed": seed, "layers": layers, "updates": updates, "train_length": LENGTH,
-              "final_loss": final_loss, "accuracy": mean_accuracy,
+              "final_loss": final_loss, **validation, "accuracy": mean_accuracy,
+              "shortcut_shares": {str(n): shortcuts(task, n, seed) for n in EVAL_LENGTHS},
               **({"accuracy_by_distance": by_length} if by_length else {}),
               "minutes": round((time.monotonic() - start) / 60, 2),
               "command": f"python -m experiments.extrapolate --task {task} --modes {mode} --seeds {seed} "

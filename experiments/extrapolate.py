@@ -2,18 +2,22 @@
 of 40 symbols and evaluated on 40, 80, 160 and 320.
 
     python -m experiments.extrapolate [--task offset|repeat] [--modes relative:2 relative:8 relative:16 buckets:128
-                                  t5 alibi rope absolute none] [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output DIR]
+                                  t5 alibi rope absolute none] [--seeds 1 2] [--updates N] [--layers 3] [--jobs 2] [--output DIR]
     python -m experiments.extrapolate --report [--task offset|repeat] [--output DIR]   # the table and the plot
 
 --task offset (the default; OUTPUT results/extrapolate) is experiments/reach.py's copy-at-distance task: its
 offsets are bounded (at most 24) at every length, so it measures invariance to length at offsets seen in training.
---task repeat (OUTPUT results/extrapolate_repeat) is the test of dependencies longer than any in training: a
-sequence is N / 2 distinct random symbols (of 256) followed by the same N / 2 again, and the answer at each position
-of the second half is the symbol that followed the current one in the first half (position j - N/2 + 1): the
-attended offset is N / 2 - 1, 19 in training and up to 159 at 320. It needs no distance resolved beyond 1 (find
-the previous token; then match content at whatever distance): a window k >= 1 holds everything it needs, a scheme
-that distinguishes far offsets or absolute positions meets values never trained. Chance is 1 / 256 (1 / (N / 2)
-for a model that at least copies a symbol of the first half).
+--task repeat (OUTPUT results/extrapolate_repeat) is the test of dependencies longer than any in training, an
+induction task: a sequence is N / 2 distinct random symbols (of 256), then the same symbols in a random order, each
+written as its query token (a token id of its own: a query is told from a first-half symbol by content); the answer
+at the query of s is the symbol that followed s in the first half (none for the first half's last symbol). Solving
+it takes both halves of an induction mechanism: the offset-1 neighbour of each first-half symbol, and a match of
+the query's content against the first half at whatever distance it lies (up to N - 1: 39 in training, 319 at 320).
+No fixed offset and no fixed position holds the answer (experiments/shortcuts.py: the best fixed offset holds
+about 1 / (N / 2 - 1) of the answers, chance among the first half's successors; each run records these shares). A
+model without position (`none`) cannot tell which symbol follows which. Chance: 1 / (N / 2 - 1) for a model that
+picks one of the first half's successors. Its default budget is 2,000 updates, chosen on the validation set at the
+training length: relative:2 stays at chance at 1,500 (0.050), learns it at 2,000 (0.998, seed 1).
 
 The offset task:
 Why this task: the answer at position j is the symbol d places to its left (d = 1..24, carried by every token, as
@@ -27,7 +31,8 @@ distance K), `buckets:K` (Shaw's vectors read by 32 of T5's log-spaced buckets u
 
 Each (mode, seed) run trains --layers encoder layers (d = 64, 4 heads) for --updates updates of 64 sequences of 40
 (a budget in updates) and writes OUTPUT/<mode>_seed<s>.json: accuracy at each evaluation length (offset: over
-d = 1..24, 128 fresh sequences per d and length, and by d; repeat: over the second halves of 512 fresh sequences).
+d = 1..24, 128 fresh sequences per d and length, and by d; repeat: over the queries of 512 fresh sequences, and on a
+validation set at the training length), and the shortcut shares of the evaluation batches at every length.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
 PER_DISTANCE = 128
 REPEAT_SYMBOLS = 256  # distinct symbols: the first half of the longest sequence (160) never repeats one
 REPEAT_EVAL = 512  # fresh sequences per evaluation length
+UPDATES = {"offset": 1500, "repeat": 2000}
 OUTPUTS = {"offset": Path("results/extrapolate"), "repeat": Path("results/extrapolate_repeat")}
 
 
@@ -158,7 +164,8 @@ def report(output: Path) -> str:
     runs: dict[str, list[dict]] = {}
     for run in read_records(output, "*_seed*.json"):
         runs.setdefault(run["mode"], []).append(run)
-    modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES))
+    order = ["relative:1", *MODES]
+    modes = [m for m in order if m in runs] + sorted(set(runs) - set(order))
     lengths = [str(n) for n in EVAL_LENGTHS]
     by_distance = all("accuracy_by_distance" in r for rs in runs.values() for r in rs)  # the offset task
     lines = ["| mode | seeds | " + " | ".join(f"length {n}" for n in lengths)
@@ -179,7 +186,14 @@ def report(output: Path) -> str:
 
         lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells) + f" | {near_far(lengths[0])} | "
                      f"{near_far(lengths[-1])} |")
-    text = "\n".join(lines)
+    task = "offset" if by_distance else "repeat"
+    shares = {n: shortcuts(task, int(n), seed=1) for n in lengths}
+    text = "\n".join(lines) + (
+        "\n\nShortcut check (experiments/shortcuts.py, seed 1's evaluation batches): the best share of the answers held "
+        "by one fixed offset (any within the sequence) / by one fixed position, at " + ", ".join(
+            f"{n}: {v['offset']:.3f} (offset {v['best_offset']:+d}) / {v['position']:.3f}" for n, v in shares.items())
+        + (f"; a random symbol matches 1/16 = {1 / 16:.3f}, and each d holds about 1/24 of the answers" if by_distance
+           else "; chance 1 / (N/2 - 1): " + ", ".join(f"{1 / (int(n) // 2 - 1):.3f}" for n in lengths)) + ".")
     (output / "table.md").write_text(text + "\n")
     plot(runs, modes, lengths, output / "extrapolate.png",
          "accuracy, d = 1..24" if by_distance else "accuracy, second halves")
@@ -211,13 +225,15 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=MODES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--updates", type=int, default=1500)
+    parser.add_argument("--updates", type=int, help="default: 1500 (offset), 2000 (repeat: at 1500 relative:2 "
+                        "stays at chance on the validation set at 40)")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
     parser.add_argument("--task", choices=sorted(OUTPUTS), default="offset")
     parser.add_argument("--output", type=Path, help="default: results/extrapolate (offset), results/extrapolate_repeat")
     parser.add_argument("--report", action="store_true", help="only the table and plot from finished runs")
     args = parser.parse_args()
     args.output = args.output or OUTPUTS[args.task]
+    args.updates = args.updates or UPDATES[args.task]
     args.output.mkdir(parents=True, exist_ok=True)
     others = {r.get("task", "offset") for r in read_records(args.output, "*_seed*.json")} - {args.task}
     if others:  # a record is found by its mode and seed only: another task's would pass for this one's

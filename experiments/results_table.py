@@ -6,8 +6,9 @@
 Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, the tokenized BLEU of the paper's era
 (compounds split for German targets only: nmt/score.py), and two tests of the row against its table's reference
 rows. The verdict's: Welch's t-test on the per-seed BLEU (experiments/significance.py: the seed is the unit, so the
-p-value counts seed variance; no p-value for a row of fewer than 3 seeds), Holm-adjusted over the family of every
-seed-level comparison in the same table; the verdict column reads the adjusted p only ("higher"/"lower" below 0.05,
+p-value counts seed variance; no p-value for a row of fewer than 3 seeds), Holm-adjusted over one family: every
+distinct seed-level comparison in every table of the page (the text's conclusions draw on all of them; a comparison
+printed in two tables counts once, so it gets one verdict); the verdict column reads the adjusted p only ("higher"/"lower" below 0.05,
 else no difference found, with the smallest difference the seeds could have detected at 80% power). Beside it,
 sacrebleu's paired bootstrap (`--paired-bs`; 1,000 resamples, seed 12345) on the concatenation of the seeds'
 hypotheses (seed k against seed k), which resamples sentences only: it shows whether the test set could tell the
@@ -176,24 +177,45 @@ def parameters(result: dict) -> int:
     return count_parameters(Transformer(ModelConfig(**result["config"]["model"]), result["config"]["data"]["vocab_size"]))
 
 
-def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> str:
-    """The table's rows, each against its reference rows: Welch's p over seeds, the Holm-adjusted p over the family of
-    every seed-level comparison in this table, the verdict from the adjusted p, and the paired bootstrap."""
-    counted = table == "descendants"  # the issue asks each row's parameter count beside its BLEU
-    lines = [f"| row | seeds | sacreBLEU (mean ± std) | chrF | {TOKENIZED_COLUMN} | paper | vs | p (seeds, Welch) "
-             "| p (Holm, this table) | verdict (Holm, family-wise 0.05) | p (sentences, paired bootstrap) |"
-             + (" parameters |" if counted else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
+def comparisons(table: str, rows: dict[str, dict[int, dict]]) -> dict[str, list[str]]:
+    """row -> the rows it is tested against (REFERENCE), those present with a seed in common."""
     against = {}
     for name, seeds in rows.items():
         references = REFERENCE.get(table, {}).get(name) or ()
         against[name] = [r for r in ((references,) if isinstance(references, str) else references)
                          if r in rows and set(rows[r]) & set(seeds)]
-    bleu = {name: [seeds[s]["bleu"] for s in sorted(seeds)] for name, seeds in rows.items()}
-    tests = [(name, r) for name in rows for r in against[name]]
-    raw = {test: seed_p(bleu[test[0]], bleu[test[1]]) for test in tests}
-    family = [test for test in tests if raw[test] is not None]
-    adjusted = dict(zip(family, holm([raw[test] for test in family])))
+    return against
+
+
+def seed_bleu(seeds: dict[int, dict]) -> tuple[float, ...]:
+    return tuple(seeds[s]["bleu"] for s in sorted(seeds))
+
+
+def holm_family(tables: dict[str, dict[str, dict[int, dict]]]) -> dict[tuple, float]:
+    """The family the page concludes from: every distinct seed-level comparison in every table of results/README.md
+    (one comparison printed in two tables, the same runs, counts once), each Holm-adjusted over all of them;
+    keyed by the two rows' per-seed BLEU."""
+    raw = {}
+    for table, rows in tables.items():
+        for name, references in comparisons(table, rows).items():
+            for r in references:
+                key = (seed_bleu(rows[name]), seed_bleu(rows[r]))
+                p = seed_p(list(key[0]), list(key[1]))
+                if p is not None:
+                    raw[key] = p
+    return dict(zip(raw, holm(list(raw.values()))))
+
+
+def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int, adjusted: dict[tuple, float]) -> str:
+    """The table's rows, each against its reference rows: Welch's p over seeds, the Holm-adjusted p over the page's
+    family (holm_family), the verdict from the adjusted p, and the paired bootstrap."""
+    counted = table == "descendants"  # the issue asks each row's parameter count beside its BLEU
+    lines = [f"| row | seeds | sacreBLEU (mean ± std) | chrF | {TOKENIZED_COLUMN} | paper | vs | p (seeds, Welch) "
+             "| p (Holm, all tables) | verdict (Holm, family-wise 0.05) | p (sentences, paired bootstrap) |"
+             + (" parameters |" if counted else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
+    against = comparisons(table, rows)
+    bleu = {name: list(seed_bleu(seeds)) for name, seeds in rows.items()}
     refs_by_pair = {}
     for name, seeds in rows.items():
         pair = next(iter(seeds.values()))["pair"]
@@ -201,6 +223,8 @@ def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> st
             refs_by_pair[pair] = test_lines(pair.split("-")[1])
         results = [seeds[s] for s in sorted(seeds)]
         tested = [(name, r) for r in against[name]]
+        raw = {t: seed_p(bleu[t[0]], bleu[t[1]]) for t in tested}
+        adjusted_p = {t: adjusted.get((tuple(bleu[t[0]]), tuple(bleu[t[1]]))) for t in tested}
         p = " / ".join(f"{paired_bootstrap(*seed_paired(seeds, rows[r], refs_by_pair[pair]), samples):.4f}"
                        for r in against[name])
         paper = PAPER.get(table, {}).get(name)
@@ -209,8 +233,8 @@ def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> st
                      f"{statistics.mean(tokenized_bleu_of(r) for r in results):.2f} | "
                      f"{paper if paper is not None else ''} | {' / '.join(against[name])} | "
                      f"{' / '.join(p_cell(raw[t]) for t in tested)} | "
-                     f"{' / '.join(p_cell(adjusted.get(t)) for t in tested)} | "
-                     f"{' / '.join(verdict(bleu[name], bleu[t[1]], adjusted.get(t)) for t in tested)} | {p} |"
+                     f"{' / '.join(p_cell(adjusted_p[t]) for t in tested)} | "
+                     f"{' / '.join(verdict(bleu[name], bleu[t[1]], adjusted_p[t]) for t in tested)} | {p} |"
                      + (f" {parameters(results[0]):,} |" if counted else ""))
     return "\n".join(lines)
 
@@ -261,17 +285,16 @@ def main() -> int:
         command = "python -m experiments.results_table --rescore"
         changed = [p for p in sorted(args.results.glob("*/*/seed*/result.json")) if rescore(p, command)]
         print(f"rescored {len(changed)} records: " + ", ".join(str(p.relative_to(args.results)) for p in changed))
-    blocks = {}
-    for table in (t for t in BLEU_BLOCKS if t in wanted):
-        rows = load_runs(args.results, table)
-        if rows:
-            blocks[table] = bleu_table(table, rows, args.samples)
-    runs = load_runs(args.results, "length") if wanted & set(LENGTH_BLOCKS) else {}
+    runs = {table: load_runs(args.results, table, SCORES if wanted & {table, *LENGTH_BLOCKS} else ())
+            for table in (*BLEU_BLOCKS, "length")}  # every table: the family of tests is the page's
+    adjusted = holm_family(runs)
+    blocks = {table: bleu_table(table, runs[table], args.samples, adjusted)
+              for table in BLEU_BLOCKS if table in wanted and runs[table]}
     for block, names in LENGTH_BLOCKS.items():
-        rows = {name: seeds for name, seeds in runs.items() if name in names}
+        rows = {name: seeds for name, seeds in runs["length"].items() if name in names}
         if rows and block in wanted:
-            blocks[block] = bleu_table("length", rows, args.samples) + "\n\nBy source length (words):\n\n" + \
-                length_table(rows)
+            blocks[block] = bleu_table("length", rows, args.samples, adjusted) + \
+                "\n\nBy source length (words):\n\n" + length_table(rows)
     for name, block in blocks.items():
         print(f"## {name}\n\n{block}\n")
     if args.readme:

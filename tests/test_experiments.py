@@ -122,24 +122,6 @@ def test_a_field_added_to_the_schema_later_does_not_hide_a_same_run():
     assert not same_config(old, {"model": {"clip": 16}, "train": {"seed": 1, "compile": True}})
 
 
-def test_the_repeat_task_asks_for_the_successor_of_the_first_occurrence():
-    """experiments/extrapolate.py --task repeat: the attended offset is N/2 - 1 at every length, so a model tested
-    at 320 must follow dependencies 8x longer than any it trained on."""
-    import torch
-
-    from experiments.extrapolate import repeat_batch
-    from experiments.reach import FIRST_TOKEN
-
-    for length in (40, 320):
-        tokens, targets = repeat_batch(8, torch.Generator().manual_seed(3), length)
-        half, symbols = length // 2, tokens - FIRST_TOKEN
-        assert torch.equal(symbols[:, :half], symbols[:, half:])
-        assert all(len(set(row.tolist())) == half for row in symbols[:, :half])  # distinct: one first occurrence
-        assert (targets[:, :half] == -100).all() and (targets[:, -1] == -100).all()
-        for j in range(half, length - 1):  # the symbol after the current one's first occurrence, N/2 - 1 back
-            assert torch.equal(targets[:, j], symbols[:, j - half + 1])
-
-
 def test_attention_preference_by_distance_reads_each_modes_real_weights(prepared, tmp_path):
     """--by-mode's ratio (observed over evenly spread mass): about 1 at every distance for a model with no position
     at all, falling with |j - i| under ALiBi's bias even before training, in encoder and decoder alike."""

@@ -169,14 +169,16 @@ def report(output: Path) -> str:
     lengths = [str(n) for n in EVAL_LENGTHS]
     by_distance = all("accuracy_by_distance" in r for rs in runs.values() for r in rs)  # the offset task
     lines = ["| mode | seeds | " + " | ".join(f"length {n}" for n in lengths)
-             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance else " | each seed at 320 |"),
-             "|---|---|" + "---|" * (len(lengths) + (2 if by_distance else 1))]
+             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance else " | validation at 40, each seed | each seed at 40 | each seed at 320 |"),
+             "|---|---|" + "---|" * (len(lengths) + (2 if by_distance else 3))]
     for mode in modes:
         rs = runs[mode]
         cells = [f"{statistics.mean(r['accuracy'][n] for r in rs):.3f}" for n in lengths]
         if not by_distance:
-            seeds = " / ".join(f"{r['accuracy'][lengths[-1]]:.3f}" for r in sorted(rs, key=lambda r: r["seed"]))
-            lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells) + f" | {seeds} |")
+            ordered = sorted(rs, key=lambda r: r["seed"])
+            seeds = [" / ".join(f"{r['validation_accuracy']:.3f}" for r in ordered)] + [
+                " / ".join(f"{r['accuracy'][n]:.3f}" for r in ordered) for n in (lengths[0], lengths[-1])]
+            lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells + seeds) + " |")
             continue
 
         def near_far(n: str) -> str:

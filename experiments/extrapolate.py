@@ -169,7 +169,8 @@ def report(output: Path) -> str:
     lengths = [str(n) for n in EVAL_LENGTHS]
     by_distance = all("accuracy_by_distance" in r for rs in runs.values() for r in rs)  # the offset task
     lines = ["| mode | seeds | " + " | ".join(f"length {n}" for n in lengths)
-             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance else " | validation at 40, each seed | each seed at 40 | each seed at 320 |"),
+             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance
+                else " | validation at 40, each seed | each seed at 40 | each seed at 320 |"),
              "|---|---|" + "---|" * (len(lengths) + (2 if by_distance else 3))]
     for mode in modes:
         rs = runs[mode]
@@ -191,8 +192,8 @@ def report(output: Path) -> str:
     task = "offset" if by_distance else "repeat"
     shares = {n: shortcuts(task, int(n), seed=1) for n in lengths}
     text = "\n".join(lines) + (
-        "\n\nShortcut check (experiments/shortcuts.py, seed 1's evaluation batches): the best share of the answers held "
-        "by one fixed offset (any within the sequence) / by one fixed position, at " + ", ".join(
+        "\n\nShortcut check (experiments/shortcuts.py, seed 1's evaluation batches): the best share of the answers "
+        "held by one fixed offset (any within the sequence) / by one fixed position, at " + ", ".join(
             f"{n}: {v['offset']:.3f} (offset {v['best_offset']:+d}) / {v['position']:.3f}" for n, v in shares.items())
         + (f"; a random symbol matches 1/16 = {1 / 16:.3f}, and each d holds about 1/24 of the answers" if by_distance
            else "; chance 1 / (N/2 - 1): " + ", ".join(f"{1 / (int(n) // 2 - 1):.3f}" for n in lengths)) + ".")

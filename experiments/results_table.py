@@ -8,8 +8,8 @@ Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, t
 rows. The verdict's: Welch's t-test on the per-seed BLEU (experiments/significance.py: the seed is the unit, so the
 p-value counts seed variance; no p-value for a row of fewer than 3 seeds), Holm-adjusted over one family: every
 distinct seed-level comparison in every table of the page (the text's conclusions draw on all of them; a comparison
-printed in two tables counts once, so it gets one verdict); the verdict column reads the adjusted p only ("higher"/"lower" below 0.05,
-else no difference found, with the smallest difference the seeds could have detected at 80% power). Beside it,
+printed in two tables counts once, so it gets one verdict); the verdict column reads the adjusted p only
+("higher"/"lower" below 0.05, else no difference found, with the smallest difference the seeds could have detected at 80% power). Beside it,
 sacrebleu's paired bootstrap (`--paired-bs`; 1,000 resamples, seed 12345) on the concatenation of the seeds'
 hypotheses (seed k against seed k), which resamples sentences only: it shows whether the test set could tell the
 two systems apart, not whether other seeds would; 0.001 is its floor at 1,000 resamples. Every run's BLEU, chrF and

@@ -220,7 +220,8 @@ def main(argv=None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
-          f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} {tokenized_bleu_of(result):.2f}\n"
+          f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
+          f"{tokenized_bleu_of(result):.2f}\n"
           f"{result['updates']} updates; {result['train_minutes']:.1f} min of training, "
           f"{result['total_minutes']:.1f} min in all on {result['device']}")
     return 0

@@ -43,7 +43,8 @@ def tokenized_bleu(hyps: list[str], refs: list[str], lang: str, split: bool | No
         tokens = tokenizer.tokenize(line, return_str=True, escape=True)
         return split_compounds(tokens) if split else tokens
 
-    return BLEU(tokenize="none", force=True).corpus_score([prepare(h) for h in hyps], [[prepare(r) for r in refs]]).score
+    return BLEU(tokenize="none", force=True).corpus_score([prepare(h) for h in hyps],
+                                                          [[prepare(r) for r in refs]]).score
 
 
 def compound_split_bleu(hyps: list[str], refs: list[str], lang: str) -> float:

@@ -124,7 +124,8 @@ def test_rescore_rewrites_a_french_record_without_the_compound_split(tmp_path):
         results_table.load_runs(tmp_path, "table1")
     assert results_table.rescore(folder / "result.json", "the command")
     rescored = json.loads((folder / "result.json").read_text())
-    assert rescored["tokenized_bleu"] == pytest.approx(result["tokenized_bleu"]) and "compound_split_bleu" not in rescored
+    assert rescored["tokenized_bleu"] == pytest.approx(result["tokenized_bleu"])
+    assert "compound_split_bleu" not in rescored
     assert rescored["rescored"] == [{"replaced": {"compound_split_bleu": old["compound_split_bleu"]},
                                      "tokenized_bleu": rescored["tokenized_bleu"], "command": "the command"}]
     results_table.load_runs(tmp_path, "table1")  # passes the check now

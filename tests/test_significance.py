@@ -77,7 +77,8 @@ def test_detectable_difference_of_three_seeds_a_side():
     """(t_.975,4 + t_.8,4) * s * sqrt(2/3) = (2.776 + 0.941) * 0.8165 = 3.035 pooled SDs."""
     a, b = [-1.0, 0.0, 1.0], [9.0, 10.0, 11.0]  # SD 1 each
     assert detectable_difference(a, b) == pytest.approx(3.035, abs=0.002)
-    assert detectable_difference([2 * x for x in a], b) == pytest.approx(3.717 * (2.5 ** 0.5) * (2 / 3) ** 0.5, abs=0.003)
+    pooled = 2.5 ** 0.5  # SDs 2 and 1: sqrt((4 + 1) / 2)
+    assert detectable_difference([2 * x for x in a], b) == pytest.approx(3.717 * pooled * (2 / 3) ** 0.5, abs=0.003)
 
 
 def test_the_verdict_reads_the_adjusted_p():

@@ -2,18 +2,22 @@
 of 40 symbols and evaluated on 40, 80, 160 and 320.
 
     python -m experiments.extrapolate [--task offset|repeat] [--modes relative:2 relative:8 relative:16 buckets:128
-                                  t5 alibi rope absolute none] [--seeds 1 2] [--updates 1500] [--layers 3] [--jobs 2] [--output DIR]
+                                  t5 alibi rope absolute none] [--seeds 1 2] [--updates N] [--layers 3] [--jobs 2] [--output DIR]
     python -m experiments.extrapolate --report [--task offset|repeat] [--output DIR]   # the table and the plot
 
 --task offset (the default; OUTPUT results/extrapolate) is experiments/reach.py's copy-at-distance task: its
 offsets are bounded (at most 24) at every length, so it measures invariance to length at offsets seen in training.
---task repeat (OUTPUT results/extrapolate_repeat) is the test of dependencies longer than any in training: a
-sequence is N / 2 distinct random symbols (of 256) followed by the same N / 2 again, and the answer at each position
-of the second half is the symbol that followed the current one in the first half (position j - N/2 + 1): the
-attended offset is N / 2 - 1, 19 in training and up to 159 at 320. It needs no distance resolved beyond 1 (find
-the previous token; then match content at whatever distance): a window k >= 1 holds everything it needs, a scheme
-that distinguishes far offsets or absolute positions meets values never trained. Chance is 1 / 256 (1 / (N / 2)
-for a model that at least copies a symbol of the first half).
+--task repeat (OUTPUT results/extrapolate_repeat) is the test of dependencies longer than any in training, an
+induction task: a sequence is N / 2 distinct random symbols (of 256), then the same symbols in a random order, each
+written as its query token (a token id of its own: a query is told from a first-half symbol by content); the answer
+at the query of s is the symbol that followed s in the first half (none for the first half's last symbol). Solving
+it takes both halves of an induction mechanism: the offset-1 neighbour of each first-half symbol, and a match of
+the query's content against the first half at whatever distance it lies (up to N - 1: 39 in training, 319 at 320).
+No fixed offset and no fixed position holds the answer (experiments/shortcuts.py: the best fixed offset holds
+about 1 / (N / 2 - 1) of the answers, chance among the first half's successors; each run records these shares). A
+model without position (`none`) cannot tell which symbol follows which. Chance: 1 / (N / 2 - 1) for a model that
+picks one of the first half's successors. Its default budget is 2,000 updates, chosen on the validation set at the
+training length: relative:2 stays at chance at 1,500 (0.050), learns it at 2,000 (0.998, seed 1).
 
 The offset task:
 Why this task: the answer at position j is the symbol d places to its left (d = 1..24, carried by every token, as
@@ -27,7 +31,8 @@ distance K), `buckets:K` (Shaw's vectors read by 32 of T5's log-spaced buckets u
 
 Each (mode, seed) run trains --layers encoder layers (d = 64, 4 heads) for --updates updates of 64 sequences of 40
 (a budget in updates) and writes OUTPUT/<mode>_seed<s>.json: accuracy at each evaluation length (offset: over
-d = 1..24, 128 fresh sequences per d and length, and by d; repeat: over the second halves of 512 fresh sequences).
+d = 1..24, 128 fresh sequences per d and length, and by d; repeat: over the queries of 512 fresh sequences, and on a
+validation set at the training length), and the shortcut shares of the evaluation batches at every length.
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ import torch
 import torch.nn.functional as F
 
 from experiments.grid import Cell, read_records, run_grid, write_record
-from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit
+from experiments.reach import (FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit,
+                              offset_symbols)
+from experiments.shortcuts import shortcut_shares
 from nmt.cli import ends_in_one_line
 
 MODES = ["relative:2", "relative:8", "relative:16", "buckets:128", "t5", "alibi", "rope", "absolute", "none"]
@@ -50,27 +57,35 @@ EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
 PER_DISTANCE = 128
 REPEAT_SYMBOLS = 256  # distinct symbols: the first half of the longest sequence (160) never repeats one
 REPEAT_EVAL = 512  # fresh sequences per evaluation length
+UPDATES = {"offset": 1500, "repeat": 2000}
 OUTPUTS = {"offset": Path("results/extrapolate"), "repeat": Path("results/extrapolate_repeat")}
 
 
 def model_for(mode: str, layers: int, task: str = "offset") -> Tagger:
     position, _, clip = mode.partition(":")
-    sizes = {"vocab": FIRST_TOKEN + REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
+    sizes = {"vocab": FIRST_TOKEN + 2 * REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
     if position == "buckets":
         return Tagger(layers, int(clip or 128), position="relative", edge_buckets=EDGE_BUCKETS, **sizes)
     return Tagger(layers, int(clip or 16), position=position, **sizes)
 
 
 def repeat_batch(n: int, generator: torch.Generator, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (n, length), targets (n, length)): N/2 distinct symbols twice; in the second half the target is the
-    symbol after the current one's first occurrence (-100 in the first half)."""
+    """(tokens (n, length), targets (n, length)): the first half N/2 distinct random symbols (of REPEAT_SYMBOLS); the
+    second half the same symbols in a random order, each written as its query token (id + REPEAT_SYMBOLS: told apart
+    from the first half by content); the target at the query of s is the symbol that followed s in the first half
+    (-100 in the first half, and at the query of the first half's last symbol, which has no successor there)."""
     half = length // 2
     first = torch.rand(n, REPEAT_SYMBOLS, generator=generator).argsort(-1)[:, :half]  # distinct symbols per row
-    symbols = torch.cat([first, first], 1)
-    targets = torch.full_like(symbols, -100)
-    targets[:, half:-1] = first[:, 1:]  # position half + i holds first[i]; the symbol after it is first[i + 1]
-    targets[:, -1] = -100  # the last symbol's successor would be the second half's first: not in the first half
-    return FIRST_TOKEN + symbols, targets
+    order = torch.rand(n, half, generator=generator).argsort(-1)  # the queries: first-half indices, shuffled
+    successor = torch.cat([first[:, 1:], torch.full((n, 1), -100)], 1)  # of first[:, i]: first[:, i + 1]
+    targets = torch.cat([torch.full((n, half), -100), successor.gather(1, order)], 1)
+    tokens = torch.cat([first, REPEAT_SYMBOLS + first.gather(1, order)], 1)
+    return FIRST_TOKEN + tokens, targets
+
+
+def repeat_symbols(tokens: torch.Tensor) -> torch.Tensor:
+    """The symbol each token of repeat_batch names (a query names the symbol it asks about): what a head could copy."""
+    return (tokens - FIRST_TOKEN) % REPEAT_SYMBOLS
 
 
 def repeat_loss(generator: torch.Generator):
@@ -81,11 +96,24 @@ def repeat_loss(generator: torch.Generator):
 
 
 def repeat_accuracy(model: Tagger, length: int, seed: int) -> float:
-    tokens, targets = repeat_batch(REPEAT_EVAL, torch.Generator().manual_seed(20_000 + seed), length)
+    """Accuracy over the queries of REPEAT_EVAL fresh sequences of `length` drawn from generator seed `seed` (run_one:
+    20_000 + the run's seed for the test at each length, 30_000 + it for the validation set at the training length,
+    on which the budget was chosen)."""
+    tokens, targets = repeat_batch(REPEAT_EVAL, torch.Generator().manual_seed(seed), length)
     keep = targets >= 0
     with torch.no_grad():
         predicted = torch.cat([model(t).argmax(-1) for t in tokens.split(64)])
     return float((predicted == targets)[keep].float().mean())
+
+
+def shortcuts(task: str, length: int, seed: int) -> dict:
+    """The shortcut shares (experiments/shortcuts.py) of the task's evaluation batch at `length`."""
+    generator = torch.Generator().manual_seed(20_000 + seed)
+    if task == "repeat":
+        tokens, targets = repeat_batch(REPEAT_EVAL, generator, length)
+        return shortcut_shares(repeat_symbols(tokens), targets)
+    tokens, targets = batch(PER_DISTANCE * MAX_DISTANCE, generator, None, length)
+    return shortcut_shares(offset_symbols(tokens), targets)
 
 
 def accuracy(model: Tagger, length: int, seed: int) -> list[float]:
@@ -108,12 +136,16 @@ def run_one(mode: str, seed: int, layers: int, updates: int, output: Path, task:
     final_loss = fit(model, updates, repeat_loss(generator) if task == "repeat" else copy_loss(generator))
     model.eval()
     if task == "repeat":
-        by_length, mean_accuracy = {}, {str(n): repeat_accuracy(model, n, seed) for n in EVAL_LENGTHS}
+        by_length = {}
+        mean_accuracy = {str(n): repeat_accuracy(model, n, 20_000 + seed) for n in EVAL_LENGTHS}
+        validation = {"validation_accuracy": repeat_accuracy(model, LENGTH, 30_000 + seed)}
     else:
         by_length = {str(n): accuracy(model, n, seed) for n in EVAL_LENGTHS}
         mean_accuracy = {n: statistics.mean(a) for n, a in by_length.items()}
+        validation = {}
     result = {"task": task, "mode": mode, "seed": seed, "layers": layers, "updates": updates, "train_length": LENGTH,
-              "final_loss": final_loss, "accuracy": mean_accuracy,
+              "final_loss": final_loss, **validation, "accuracy": mean_accuracy,
+              "shortcut_shares": {str(n): shortcuts(task, n, seed) for n in EVAL_LENGTHS},
               **({"accuracy_by_distance": by_length} if by_length else {}),
               "minutes": round((time.monotonic() - start) / 60, 2),
               "command": f"python -m experiments.extrapolate --task {task} --modes {mode} --seeds {seed} "
@@ -132,18 +164,22 @@ def report(output: Path) -> str:
     runs: dict[str, list[dict]] = {}
     for run in read_records(output, "*_seed*.json"):
         runs.setdefault(run["mode"], []).append(run)
-    modes = [m for m in MODES if m in runs] + sorted(set(runs) - set(MODES))
+    order = ["relative:1", *MODES]
+    modes = [m for m in order if m in runs] + sorted(set(runs) - set(order))
     lengths = [str(n) for n in EVAL_LENGTHS]
     by_distance = all("accuracy_by_distance" in r for rs in runs.values() for r in rs)  # the offset task
     lines = ["| mode | seeds | " + " | ".join(f"length {n}" for n in lengths)
-             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance else " | each seed at 320 |"),
-             "|---|---|" + "---|" * (len(lengths) + (2 if by_distance else 1))]
+             + (" | d 1-8 / 17-24 at 40 | d 1-8 / 17-24 at 320 |" if by_distance
+                else " | validation at 40, each seed | each seed at 40 | each seed at 320 |"),
+             "|---|---|" + "---|" * (len(lengths) + (2 if by_distance else 3))]
     for mode in modes:
         rs = runs[mode]
         cells = [f"{statistics.mean(r['accuracy'][n] for r in rs):.3f}" for n in lengths]
         if not by_distance:
-            seeds = " / ".join(f"{r['accuracy'][lengths[-1]]:.3f}" for r in sorted(rs, key=lambda r: r["seed"]))
-            lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells) + f" | {seeds} |")
+            ordered = sorted(rs, key=lambda r: r["seed"])
+            seeds = [" / ".join(f"{r['validation_accuracy']:.3f}" for r in ordered)] + [
+                " / ".join(f"{r['accuracy'][n]:.3f}" for r in ordered) for n in (lengths[0], lengths[-1])]
+            lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells + seeds) + " |")
             continue
 
         def near_far(n: str) -> str:
@@ -153,7 +189,14 @@ def report(output: Path) -> str:
 
         lines.append(f"| {mode} | {len(rs)} | " + " | ".join(cells) + f" | {near_far(lengths[0])} | "
                      f"{near_far(lengths[-1])} |")
-    text = "\n".join(lines)
+    task = "offset" if by_distance else "repeat"
+    shares = {n: shortcuts(task, int(n), seed=1) for n in lengths}
+    text = "\n".join(lines) + (
+        "\n\nShortcut check (experiments/shortcuts.py, seed 1's evaluation batches): the best share of the answers "
+        "held by one fixed offset (any within the sequence) / by one fixed position, at " + ", ".join(
+            f"{n}: {v['offset']:.3f} (offset {v['best_offset']:+d}) / {v['position']:.3f}" for n, v in shares.items())
+        + (f"; a random symbol matches 1/16 = {1 / 16:.3f}, and each d holds about 1/24 of the answers" if by_distance
+           else "; chance 1 / (N/2 - 1): " + ", ".join(f"{1 / (int(n) // 2 - 1):.3f}" for n in lengths)) + ".")
     (output / "table.md").write_text(text + "\n")
     plot(runs, modes, lengths, output / "extrapolate.png",
          "accuracy, d = 1..24" if by_distance else "accuracy, second halves")
@@ -185,13 +228,15 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=MODES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--updates", type=int, default=1500)
+    parser.add_argument("--updates", type=int, help="default: 1500 (offset), 2000 (repeat: at 1500 relative:2 "
+                        "stays at chance on the validation set at 40)")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side, one thread each")
     parser.add_argument("--task", choices=sorted(OUTPUTS), default="offset")
     parser.add_argument("--output", type=Path, help="default: results/extrapolate (offset), results/extrapolate_repeat")
     parser.add_argument("--report", action="store_true", help="only the table and plot from finished runs")
     args = parser.parse_args()
     args.output = args.output or OUTPUTS[args.task]
+    args.updates = args.updates or UPDATES[args.task]
     args.output.mkdir(parents=True, exist_ok=True)
     others = {r.get("task", "offset") for r in read_records(args.output, "*_seed*.json")} - {args.task}
     if others:  # a record is found by its mode and seed only: another task's would pass for this one's

@@ -53,6 +53,11 @@ def batch(n: int, generator: torch.Generator, distance: int | None = None,
     return tokens, targets
 
 
+def offset_symbols(tokens: torch.Tensor) -> torch.Tensor:
+    """The symbol each token of `batch` carries (its distance aside): what a head could copy."""
+    return (tokens - FIRST_TOKEN) % SYMBOLS
+
+
 class Tagger(torch.nn.Module):
     """This project's encoder (relative positions only, unless `model` says otherwise) and a linear layer from each
     position's output to `outputs` values."""

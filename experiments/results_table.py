@@ -1,16 +1,23 @@
 """Turn results/<table>/<row>/seed<k>/result.json into the tables of results/README.md (Markdown).
 
     python -m experiments.results_table [--readme results/README.md] [--samples 1000] [--blocks descendants ...]
+                                        [--rescore]
 
-Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, and two tests of the row against
-its table's reference row. The verdict's: Welch's t-test on the per-seed BLEU (experiments/significance.py: the
-seed is the unit, so the p-value counts seed variance; no p-value for a row of fewer than 3 seeds). Beside it,
+Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, the tokenized BLEU of the paper's era
+(compounds split for German targets only: nmt/score.py), and two tests of the row against its table's reference
+rows. The verdict's: Welch's t-test on the per-seed BLEU (experiments/significance.py: the seed is the unit, so the
+p-value counts seed variance; no p-value for a row of fewer than 3 seeds), Holm-adjusted over one family: every
+distinct seed-level comparison in every table of the page (the text's conclusions draw on all of them; a comparison
+printed in two tables counts once, so it gets one verdict); the verdict column reads the adjusted p only
+("higher"/"lower" below 0.05, else no difference found, with the smallest difference the seeds could have detected at 80% power). Beside it,
 sacrebleu's paired bootstrap (`--paired-bs`; 1,000 resamples, seed 12345) on the concatenation of the seeds'
 hypotheses (seed k against seed k), which resamples sentences only: it shows whether the test set could tell the
 two systems apart, not whether other seeds would; 0.001 is its floor at 1,000 resamples. Every run's BLEU, chrF and
-compound-split BLEU are scored again from its committed hypotheses and the bundled references; a record that
-disagrees stops the script, naming its file. With --readme (results/README.md, as make plots writes it), the
-text between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is replaced by the table NAME.
+tokenized BLEU are scored again from its committed hypotheses and the bundled references; a record that disagrees
+stops the script, naming its file (--rescore first rewrites the tokenized BLEU of every record under the current
+convention, keeping the old value and the command in the record's "rescored"). With --readme (results/README.md, as
+make plots writes it), the text between `<!-- results:NAME -->` and `<!-- /results:NAME -->` in that file is
+replaced by the table NAME.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from experiments.significance import seed_p
+from experiments.significance import holm, p_cell, seed_p, verdict
+from nmt.score import tokenized_bleu_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_SOURCE = ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz"
@@ -66,7 +74,8 @@ ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope", "b
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
 
-SCORES = ("bleu", "chrf", "compound_split_bleu")
+SCORES = ("bleu", "chrf", "tokenized")
+TOKENIZED_COLUMN = "tokenized BLEU (de: compounds split; fr: not)"
 
 BLEU_BLOCKS = ("table1", "table2", "table3", "beyond", "descendants")
 # The length study's rows, in two blocks of results/README.md: the paper's section (with learned positions) and
@@ -96,21 +105,45 @@ def test_lines(lang: str) -> list[str]:
 
 def check_scores(path: Path, result: dict, metrics: tuple[str, ...] = SCORES) -> None:
     """Score the run's committed hypotheses again against the bundled references: a table never prints a number
-    its hypotheses do not give."""
+    its hypotheses do not give (the tokenized BLEU under the key its language's convention names: nmt/score.py)."""
     from sacrebleu.metrics import BLEU, CHRF
 
-    from nmt.score import compound_split_bleu
+    from nmt.score import tokenized_bleu, tokenized_key
 
     lang = result["pair"].split("-")[1]
     refs = test_lines(lang)
     scorers = {"bleu": lambda: BLEU().corpus_score(result["hyps"], [refs]).score,
                "chrf": lambda: CHRF().corpus_score(result["hyps"], [refs]).score,
-               "compound_split_bleu": lambda: compound_split_bleu(result["hyps"], refs, lang)}
+               "tokenized": lambda: tokenized_bleu(result["hyps"], refs, lang)}
     for metric in metrics:
+        key = tokenized_key(lang) if metric == "tokenized" else metric
         again = scorers[metric]()
-        if abs(again - result[metric]) > 1e-6:
-            raise SystemExit(f"{path}: records {metric} = {result[metric]:.4f}, but {result['hyp']} scores "
-                             f"{again:.4f} against {TEST_SOURCE.name.format(lang=lang)}")
+        if key not in result or abs(again - result[key]) > 1e-6:
+            recorded = f"{result[key]:.4f}" if key in result else "nothing"
+            raise SystemExit(f"{path}: records {key} = {recorded}, but {result['hyp']} scores {again:.4f} against "
+                             f"{TEST_SOURCE.name.format(lang=lang)} (python -m experiments.results_table --rescore "
+                             f"writes the scores of the current convention)")
+
+
+def rescore(path: Path, command: str) -> bool:
+    """Rewrite a record's tokenized BLEU under its language's current convention (nmt/score.py), the old value
+    kept under "rescored"; whether it changed."""
+    from nmt.score import tokenized_bleu, tokenized_key
+
+    result = json.loads(path.read_text())
+    lang = result["pair"].split("-")[1]
+    key = tokenized_key(lang)
+    value = tokenized_bleu((path.parent / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1],
+                           test_lines(lang), lang)
+    old = {k: result[k] for k in ("compound_split_bleu", "tokenized_bleu") if k in result and k != key}
+    if not old and key in result and abs(result[key] - value) <= 1e-6:
+        return False
+    for k in old:
+        del result[k]
+    result[key] = value
+    result.setdefault("rescored", []).append({"replaced": old, key: value, "command": command})
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return True
 
 
 def mean_std(values: list[float]) -> str:
@@ -144,30 +177,64 @@ def parameters(result: dict) -> int:
     return count_parameters(Transformer(ModelConfig(**result["config"]["model"]), result["config"]["data"]["vocab_size"]))
 
 
-def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int) -> str:
+def comparisons(table: str, rows: dict[str, dict[int, dict]]) -> dict[str, list[str]]:
+    """row -> the rows it is tested against (REFERENCE), those present with a seed in common."""
+    against = {}
+    for name, seeds in rows.items():
+        references = REFERENCE.get(table, {}).get(name) or ()
+        against[name] = [r for r in ((references,) if isinstance(references, str) else references)
+                         if r in rows and set(rows[r]) & set(seeds)]
+    return against
+
+
+def seed_bleu(seeds: dict[int, dict]) -> tuple[float, ...]:
+    return tuple(seeds[s]["bleu"] for s in sorted(seeds))
+
+
+def holm_family(tables: dict[str, dict[str, dict[int, dict]]]) -> dict[tuple, float]:
+    """The family the page concludes from: every distinct seed-level comparison in every table of results/README.md
+    (one comparison printed in two tables, the same runs, counts once), each Holm-adjusted over all of them;
+    keyed by the two rows' per-seed BLEU."""
+    raw = {}
+    for table, rows in tables.items():
+        for name, references in comparisons(table, rows).items():
+            for r in references:
+                key = (seed_bleu(rows[name]), seed_bleu(rows[r]))
+                p = seed_p(list(key[0]), list(key[1]))
+                if p is not None:
+                    raw[key] = p
+    return dict(zip(raw, holm(list(raw.values()))))
+
+
+def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int, adjusted: dict[tuple, float]) -> str:
+    """The table's rows, each against its reference rows: Welch's p over seeds, the Holm-adjusted p over the page's
+    family (holm_family), the verdict from the adjusted p, and the paired bootstrap."""
     counted = table == "descendants"  # the issue asks each row's parameter count beside its BLEU
-    lines = ["| row | seeds | sacreBLEU (mean ± std) | chrF | compound-split BLEU | paper | vs | p (seeds, Welch) "
-             "| p (sentences, paired bootstrap) |" + (" parameters |" if counted else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
+    lines = [f"| row | seeds | sacreBLEU (mean ± std) | chrF | {TOKENIZED_COLUMN} | paper | vs | p (seeds, Welch) "
+             "| p (Holm, all tables) | verdict (Holm, family-wise 0.05) | p (sentences, paired bootstrap) |"
+             + (" parameters |" if counted else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
+    against = comparisons(table, rows)
+    bleu = {name: list(seed_bleu(seeds)) for name, seeds in rows.items()}
     refs_by_pair = {}
     for name, seeds in rows.items():
         pair = next(iter(seeds.values()))["pair"]
         if pair not in refs_by_pair:
             refs_by_pair[pair] = test_lines(pair.split("-")[1])
         results = [seeds[s] for s in sorted(seeds)]
-        references = REFERENCE.get(table, {}).get(name) or ()
-        references = [r for r in ((references,) if isinstance(references, str) else references)
-                      if r in rows and set(rows[r]) & set(seeds)]
-        against = " / ".join(references)
-        bleu = [r["bleu"] for r in results]
-        p_seeds = " / ".join(seed_p(bleu, [rows[r][s]["bleu"] for s in sorted(rows[r])]) for r in references)
+        tested = [(name, r) for r in against[name]]
+        raw = {t: seed_p(bleu[t[0]], bleu[t[1]]) for t in tested}
+        adjusted_p = {t: adjusted.get((tuple(bleu[t[0]]), tuple(bleu[t[1]]))) for t in tested}
         p = " / ".join(f"{paired_bootstrap(*seed_paired(seeds, rows[r], refs_by_pair[pair]), samples):.4f}"
-                       for r in references)
+                       for r in against[name])
         paper = PAPER.get(table, {}).get(name)
-        lines.append(f"| {name} | {len(results)} | {mean_std([r['bleu'] for r in results])} | "
+        lines.append(f"| {name} | {len(results)} | {mean_std(bleu[name])} | "
                      f"{statistics.mean(r['chrf'] for r in results):.2f} | "
-                     f"{statistics.mean(r['compound_split_bleu'] for r in results):.2f} | "
-                     f"{paper if paper is not None else ''} | {against} | {p_seeds} | {p} |"
+                     f"{statistics.mean(tokenized_bleu_of(r) for r in results):.2f} | "
+                     f"{paper if paper is not None else ''} | {' / '.join(against[name])} | "
+                     f"{' / '.join(p_cell(raw[t]) for t in tested)} | "
+                     f"{' / '.join(p_cell(adjusted_p[t]) for t in tested)} | "
+                     f"{' / '.join(verdict(bleu[name], bleu[t[1]], adjusted_p[t]) for t in tested)} | {p} |"
                      + (f" {parameters(results[0]):,} |" if counted else ""))
     return "\n".join(lines)
 
@@ -208,21 +275,26 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--readme", type=Path, help="replace the marked blocks in this file (results/README.md)")
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
+    parser.add_argument("--rescore", action="store_true", help="first rewrite every record's tokenized BLEU under "
+                        "its target language's convention (nmt/score.py), noting the old value and this command")
     parser.add_argument("--blocks", nargs="+", choices=[*BLEU_BLOCKS, *LENGTH_BLOCKS], default=None,
                         help="only these blocks (default: all)")
     args = parser.parse_args()
     wanted = set(args.blocks or [*BLEU_BLOCKS, *LENGTH_BLOCKS])
-    blocks = {}
-    for table in (t for t in BLEU_BLOCKS if t in wanted):
-        rows = load_runs(args.results, table)
-        if rows:
-            blocks[table] = bleu_table(table, rows, args.samples)
-    runs = load_runs(args.results, "length") if wanted & set(LENGTH_BLOCKS) else {}
+    if args.rescore:
+        command = "python -m experiments.results_table --rescore"
+        changed = [p for p in sorted(args.results.glob("*/*/seed*/result.json")) if rescore(p, command)]
+        print(f"rescored {len(changed)} records: " + ", ".join(str(p.relative_to(args.results)) for p in changed))
+    runs = {table: load_runs(args.results, table, SCORES if wanted & {table, *LENGTH_BLOCKS} else ())
+            for table in (*BLEU_BLOCKS, "length")}  # every table: the family of tests is the page's
+    adjusted = holm_family(runs)
+    blocks = {table: bleu_table(table, runs[table], args.samples, adjusted)
+              for table in BLEU_BLOCKS if table in wanted and runs[table]}
     for block, names in LENGTH_BLOCKS.items():
-        rows = {name: seeds for name, seeds in runs.items() if name in names}
+        rows = {name: seeds for name, seeds in runs["length"].items() if name in names}
         if rows and block in wanted:
-            blocks[block] = bleu_table("length", rows, args.samples) + "\n\nBy source length (words):\n\n" + \
-                length_table(rows)
+            blocks[block] = bleu_table("length", rows, args.samples, adjusted) + \
+                "\n\nBy source length (words):\n\n" + length_table(rows)
     for name, block in blocks.items():
         print(f"## {name}\n\n{block}\n")
     if args.readme:

@@ -41,6 +41,7 @@ from nmt.config import (
 )
 from nmt.folder_lock import lock_folder
 from nmt.runtime import retain_freed_memory
+from nmt.score import tokenized_bleu_of, tokenized_label
 from nmt.train import run
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -206,7 +207,8 @@ def main(argv=None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
-          f"chrF {result['chrf']:.2f}   compound-split tokenized BLEU {result['compound_split_bleu']:.2f}\n"
+          f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
+          f"{tokenized_bleu_of(result):.2f}\n"
           f"{result['updates']} updates; {result['train_minutes']:.1f} min of training, "
           f"{result['total_minutes']:.1f} min in all on {result['device']}")
     return 0

@@ -1,5 +1,6 @@
-"""Welch's t-test on per-seed scores (Welch 1947), with no dependency beyond the standard library: the sweep tables
-(nmt/table.py) and the studies (experiments/significance.py) compare rows with it, the seed as the unit."""
+"""Welch's t-test on per-seed scores (Welch 1947) and Holm's correction for a family of them (Holm 1979), with no
+dependency beyond the standard library: the sweep tables (nmt/table.py) and the studies (experiments/significance.py)
+compare rows with them, the seed as the unit."""
 
 from __future__ import annotations
 
@@ -53,3 +54,15 @@ def welch_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
     t = diff / math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     return t, df, t_two_sided_p(t, df)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the order given: the i-th smallest p times (m - i + 1), made
+    non-decreasing in that order and capped at 1. A comparison is significant at family-wise level a when its
+    adjusted p < a."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adjusted, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted

@@ -2,7 +2,8 @@
 
 Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/cell.py) is one seed of a row: the cells
 whose overrides differ only in train.seed form a row. A row prints its seeds, sacreBLEU (mean +- standard deviation
-over seeds), the compound-split tokenized BLEU of the paper's era, the difference from the baseline row and Welch's
+over seeds), the tokenized BLEU of the paper's era
+(compounds split for German targets: nmt/score.py), the difference from the baseline row and Welch's
 t-test against it on per-seed sacreBLEU (where both rows have at least 3 seeds). --rows picks rows (each a row
 whose overrides include it) and their order; rows are named by the overrides in which they differ.
 
@@ -22,7 +23,8 @@ from pathlib import Path
 from nmt.cli import ends_in_one_line
 from nmt.data.readers import DataError
 from nmt.run_names import cell_name, defining_overrides
-from nmt.stats import MIN_SEEDS, welch_test
+from nmt.score import tokenized_bleu_of
+from nmt.stats import MIN_SEEDS, holm, welch_test
 
 
 def sweep_rows(folder: Path) -> dict[str, list[dict]]:
@@ -83,20 +85,24 @@ def markdown_table(picked: list[tuple[str, list[dict]]], baseline: str | None) -
     if baseline and base is None:
         raise DataError(f"--baseline {baseline}: no picked row holds it")
     split = picked[0][1][0]["split"]
-    lines = [f"| row | model (position, k, a^K, a^V) | seeds | sacreBLEU ({split}) | compound-split BLEU | "
-             f"Δ sacreBLEU vs {baseline or '-'} | Welch p (seeds) |", "|---|---|---|---|---|---|---|"]
+    lines = [f"| row | model (position, k, a^K, a^V) | seeds | sacreBLEU ({split}) | tokenized BLEU (de: compounds "
+             f"split) | Δ sacreBLEU vs {baseline or '-'} | Welch p (seeds) | Holm p (this table) |",
+             "|---|---|---|---|---|---|---|---|"]
+    compared = [cells for _, cells in picked if base is not None and cells is not base
+                and min(len(cells), len(base)) >= MIN_SEEDS]  # the family the Holm column corrects for
+    raw = {id(cells): welch_test([c["bleu"] for c in cells], [c["bleu"] for c in base])[2] for cells in compared}
+    adjusted = dict(zip(raw, holm(list(raw.values()))))
     for _, cells in picked:
         name = " ".join(sorted(row_overrides(cells) - shared)) or "(the shared overrides)"
         bleu = [c["bleu"] for c in cells]
-        delta, p = "", ""
+        delta, p, p_holm = "", "", ""
         if base is not None and cells is not base:
-            base_bleu = [c["bleu"] for c in base]
-            delta = f"{statistics.mean(bleu) - statistics.mean(base_bleu):+.2f}"
-            p = (f"{welch_test(bleu, base_bleu)[2]:.3f}" if min(len(bleu), len(base_bleu)) >= MIN_SEEDS
-                 else f"n < {MIN_SEEDS} seeds")
-        split_bleu = mean_sd([c["compound_split_bleu"] for c in cells])
+            delta = f"{statistics.mean(bleu) - statistics.mean(c['bleu'] for c in base):+.2f}"
+            p, p_holm = ((f"{raw[id(cells)]:.3f}", f"{adjusted[id(cells)]:.3f}") if id(cells) in raw
+                         else (f"n < {MIN_SEEDS} seeds", ""))
+        split_bleu = mean_sd([tokenized_bleu_of(c) for c in cells])
         lines.append(f"| {name} | {model_summary(cells[0]['model'])} | {len(cells)} | {mean_sd(bleu)} | {split_bleu} | "
-                     f"{delta} | {p} |")
+                     f"{delta} | {p} | {p_holm} |")
     signatures = sorted({c["signature"] for _, cells in picked for c in cells})
     return "\n".join([*lines, "", f"Shared by every row: {' '.join(sorted(shared)) or 'nothing'}",
                       *(f"sacreBLEU signature: {s}" for s in signatures)]) + "\n"

@@ -24,6 +24,7 @@ from pathlib import Path
 from nmt.cli import ends_in_one_line
 from nmt.experiment import train_and_score
 from nmt.runtime import experiment_cpu_precision, retain_freed_memory
+from nmt.score import tokenized_bleu_of, tokenized_label
 
 
 def main() -> None:
@@ -46,7 +47,8 @@ def main() -> None:
     result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
-          f"chrF {result['chrf']:.2f}   compound-split tokenized BLEU {result['compound_split_bleu']:.2f}\n"
+          f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
+          f"{tokenized_bleu_of(result):.2f}\n"
           f"{result['updates']} updates in {result['train_minutes']:.1f} min of training, "
           f"{result['total_minutes']:.1f} min in all on {result['device']}; wrote {args.output / 'score.json'}")
 

@@ -1,11 +1,14 @@
-"""experiments/significance.py: Welch's t-test, the seed-level test of the results tables."""
+"""experiments/significance.py: Welch's t-test, the seed-level test of the results tables, Holm's adjustment over
+a table's family, the detectable difference of a null result; and the verdicts of results/README.md against them."""
 
 import math
 import statistics
 
 import pytest
 
-from experiments.significance import regularized_beta, seed_p, t_two_sided_p, welch_test
+from experiments.significance import (ALPHA, detectable_difference, holm, p_cell, regularized_beta, seed_p,
+                                      t_quantile, t_two_sided_p, verdict, welch_test)
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("t, df, p", [(2.0, 5, 0.1019395), (2.228139, 10, 0.05), (12.7062, 1, 0.05),
@@ -32,7 +35,107 @@ def test_welch_counts_each_rows_own_variance():
 
 
 def test_a_row_of_fewer_than_three_seeds_gets_no_p_value():
-    assert seed_p([35.0, 35.2], [34.0, 34.1, 34.3]) == "n < 3 seeds"
-    assert seed_p([35.0, 35.2, 35.1], [34.0, 34.1, 34.3]) == f"{welch_test([35.0, 35.2, 35.1], [34.0, 34.1, 34.3])[2]:.3f}"
+    assert seed_p([35.0, 35.2], [34.0, 34.1, 34.3]) is None and p_cell(None) == "n < 3 seeds"
+    p = seed_p([35.0, 35.2, 35.1], [34.0, 34.1, 34.3])
+    assert p == welch_test([35.0, 35.2, 35.1], [34.0, 34.1, 34.3])[2] and p_cell(p) == f"{p:.3f}"
+    assert p_cell(0.0004) == "< 0.001"
     with pytest.raises(ValueError, match="2 values a side"):
         welch_test([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("ps, adjusted", [
+    ([0.01, 0.04, 0.03], [0.03, 0.06, 0.06]),  # 3 x 0.01; 2 x 0.03; 1 x 0.04 raised to the 0.06 before it
+    ([0.001, 0.01, 0.02, 0.5], [0.004, 0.03, 0.04, 0.5]),
+    ([0.02, 0.02], [0.04, 0.04]),
+    ([0.3, 0.6], [0.6, 0.6]),  # 2 x 0.3 = 0.6, then max(0.6, 0.6)
+    ([0.4, 0.9, 0.7], [1.0, 1.0, 1.0]),  # capped at 1
+])
+def test_holm_has_its_closed_forms(ps, adjusted):
+    assert holm(ps) == pytest.approx(adjusted)
+
+
+@pytest.mark.parametrize("a, b, t, df, p", [  # Welch's t-test, Wikipedia's worked examples (to their rounding)
+    ([27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4],
+     [27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4], -2.46, 25.0, 0.021),
+    ([17.2, 20.9, 22.6, 18.1, 21.7, 21.4, 23.5, 24.2, 14.7, 21.8],
+     [21.5, 22.8, 21.0, 23.0, 21.6, 23.6, 22.5, 20.7, 23.4, 21.8, 20.7, 21.7, 21.5, 22.5, 23.6, 21.5, 22.5, 23.5, 21.5,
+      21.8], -1.57, 9.9, 0.149),
+])
+def test_welch_matches_the_textbook_examples(a, b, t, df, p):
+    got = welch_test(a, b)
+    assert got[0] == pytest.approx(t, abs=0.005) and got[1] == pytest.approx(df, abs=0.05)
+    assert got[2] == pytest.approx(p, abs=0.0005)
+
+
+@pytest.mark.parametrize("tail, df, t", [(0.025, 4, 2.776), (0.2, 4, 0.941), (0.025, 10, 2.228), (0.05, 1, 6.314),
+                                         (0.2, 10, 0.879)])
+def test_t_quantiles_match_the_tables(tail, df, t):
+    assert t_quantile(tail, df) == pytest.approx(t, abs=0.0005)
+
+
+def test_detectable_difference_of_three_seeds_a_side():
+    """(t_.975,4 + t_.8,4) * s * sqrt(2/3) = (2.776 + 0.941) * 0.8165 = 3.035 pooled SDs."""
+    a, b = [-1.0, 0.0, 1.0], [9.0, 10.0, 11.0]  # SD 1 each
+    assert detectable_difference(a, b) == pytest.approx(3.035, abs=0.002)
+    pooled = 2.5 ** 0.5  # SDs 2 and 1: sqrt((4 + 1) / 2)
+    assert detectable_difference([2 * x for x in a], b) == pytest.approx(3.717 * pooled * (2 / 3) ** 0.5, abs=0.003)
+
+
+def test_the_verdict_reads_the_adjusted_p():
+    a, b = [35.0, 35.2, 35.1], [34.0, 34.1, 34.3]
+    assert verdict(a, b, 0.01) == "higher" and verdict(b, a, 0.049) == "lower"
+    assert verdict(a, b, 0.06).startswith("no difference found (detectable: ") and verdict(a, b, None) == "no test"
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def generated_tables(text: str) -> list[list[dict]]:
+    """Each table that experiments/results_table.py wrote (the header with the Holm and verdict columns): its rows
+    as {column: cell}."""
+    tables, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| row |") and "p (Holm, all tables)" in line:
+            head, rows = cells(line), []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                rows.append(dict(zip(head, cells(row))))
+            tables.append(rows)
+    return tables
+
+
+def p_value(cell: str) -> float:
+    return 0.0005 if cell == "< 0.001" else float(cell)
+
+
+def test_every_verdict_in_the_results_follows_its_holm_adjusted_p():
+    """results/README.md: over the page's family (every distinct seed-level comparison of its generated tables, one
+    comparison printed twice counted once), each adjusted p is Holm's over the raw p (to the printed rounding), and
+    each verdict is the one its adjusted p gives; no null result is called "level with"."""
+    text = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    tables = generated_tables(text)
+    assert len(tables) >= 5
+    tests = {}  # (row's BLEU cell, reference's BLEU cell) -> (row, reference, raw, adjusted, verdict, row mean - ref)
+    for rows in tables:
+        bleu = {row["row"]: row["sacreBLEU (mean ± std)"] for row in rows}
+        for row in (r for r in rows if r["vs"]):
+            columns = (row[c].split(" / ") for c in ("vs", "p (seeds, Welch)", "p (Holm, all tables)",
+                                                     "verdict (Holm, family-wise 0.05)"))
+            for against, raw, adjusted, word in zip(*columns):
+                key = (bleu[row["row"]], bleu[against])
+                gap = float(bleu[row["row"]].split()[0]) - float(bleu[against].split()[0])
+                assert tests.setdefault(key, (raw, adjusted, word, gap)) == (raw, adjusted, word, gap), key
+    family = {key: t for key, t in tests.items() if t[0] != "n < 3 seeds"}
+    assert len(family) >= 20
+    recomputed = dict(zip(family, holm([p_value(t[0]) for t in family.values()])))
+    for key, (raw, adjusted, word, gap) in family.items():
+        assert p_value(adjusted) == pytest.approx(recomputed[key], abs=0.0005 * len(family) + 0.001), key
+        if p_value(adjusted) < ALPHA:
+            assert word == ("higher" if gap > 0 else "lower"), (key, word)
+        else:
+            assert word.startswith("no difference found (detectable: "), (key, word)
+    assert all(t[1] == "n < 3 seeds" and t[2] == "no test" for key, t in tests.items() if key not in family)
+    for page in (ROOT / "results" / "README.md", ROOT / "README.md"):
+        assert "level with" not in page.read_text(encoding="utf-8"), page

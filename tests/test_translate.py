@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig
-from nmt.score import compound_split_bleu, score_files, split_compounds
+from nmt.score import compound_split_bleu, score, score_files, split_compounds, tokenized_bleu
 from tests.conftest import ROOT
 
 
@@ -86,6 +86,21 @@ def test_compound_split_bleu_rewards_matching_compounds():
     refs = ["Die Hand-in-Hand Arbeit ist gut ."]
     assert compound_split_bleu(refs, refs, "de") == pytest.approx(100.0)
     assert compound_split_bleu(["Die Hand in Hand Arbeit ist gut ."], refs, "de") < 100.0
+
+
+def test_only_german_targets_are_compound_split():
+    """get_ende_bleu.sh's split is the English-German convention: French gets tokenized BLEU without it, under a key
+    named by what it computes."""
+    refs = ["Le porte-monnaie est sur la table ."]
+    hyps = ["Le porte monnaie est sur la table ."]
+    french = score(hyps, refs, "fr")
+    assert "compound_split_bleu" not in french and french["tokenized_bleu"] == pytest.approx(
+        tokenized_bleu(hyps, refs, "fr", split=False))
+    assert french["tokenized_bleu"] != pytest.approx(compound_split_bleu(hyps, refs, "fr"))
+    german = score(["Die Hand in Hand Arbeit ."], ["Die Hand-in-Hand Arbeit ."], "de")
+    assert "tokenized_bleu" not in german
+    assert german["compound_split_bleu"] == pytest.approx(
+        compound_split_bleu(["Die Hand in Hand Arbeit ."], ["Die Hand-in-Hand Arbeit ."], "de"))
 
 
 def test_score_agrees_with_sacrebleu_cli(tmp_path):

@@ -1,0 +1,71 @@
+"""The synthetic tasks' shortcut check (experiments/shortcuts.py): no fixed offset and no fixed absolute position
+holds more of a task's answers than chance, at every evaluation length; the check finds a shortcut where there is
+one; and a model without the mechanism a task claims to need (`none`: no position at all) fails it."""
+
+import json
+
+import pytest
+import torch
+
+from experiments.extrapolate import EVAL_LENGTHS, OUTPUTS, REPEAT_SYMBOLS, repeat_batch, repeat_symbols, shortcuts
+from experiments.reach import FIRST_TOKEN, MAX_DISTANCE, SYMBOLS, batch, offset_symbols
+from experiments.shortcuts import shortcut_shares
+from tests.conftest import ROOT
+
+
+def test_a_repeat_query_asks_for_the_successor_of_its_symbol_in_the_first_half():
+    for length in (40, 320):
+        tokens, targets = repeat_batch(8, torch.Generator().manual_seed(3), length)
+        half, symbols = length // 2, tokens - FIRST_TOKEN
+        first, queries = symbols[:, :half], symbols[:, half:]
+        assert (first < REPEAT_SYMBOLS).all() and (queries >= REPEAT_SYMBOLS).all()  # queries: their own tokens
+        assert all(len(set(row.tolist())) == half for row in first)
+        assert all(sorted(q.tolist()) == sorted((f + REPEAT_SYMBOLS).tolist()) for q, f in zip(queries, first))
+        assert not all(torch.equal(q - REPEAT_SYMBOLS, f) for q, f in zip(queries, first))  # shuffled, not repeated
+        assert (targets[:, :half] == -100).all()
+        for row in range(8):
+            successor = {int(a): int(b) for a, b in zip(first[row, :-1], first[row, 1:])}
+            for j in range(half, length):
+                asked = int(queries[row, j - half]) - REPEAT_SYMBOLS
+                assert int(targets[row, j]) == successor.get(asked, -100)  # the last symbol has no successor
+
+
+@pytest.mark.parametrize("length", EVAL_LENGTHS)
+def test_no_fixed_offset_or_position_holds_the_repeat_tasks_answer(length):
+    """Chance: one of the N/2 - 1 successors. The old design (the first half repeated in order) had 100% at +1."""
+    chance = 1 / (length // 2 - 1)
+    shares = shortcuts("repeat", length, seed=1)
+    assert shares["offset"] < 1.5 * chance and shares["position"] < 1.5 * chance, shares
+
+
+@pytest.mark.parametrize("length", EVAL_LENGTHS)
+def test_one_fixed_offset_holds_about_one_in_24_of_the_offset_tasks_answers(length):
+    """Each token names its own offset d = 1..24: a fixed offset holds the answers of one d (about 1/24, a little
+    more for small d in short sequences) beyond the symbols that match by chance (1/16)."""
+    shares = shortcuts("offset", length, seed=1)
+    for key in ("offset", "position"):
+        beyond_chance = (shares[key] - 1 / SYMBOLS) / (1 - 1 / SYMBOLS)
+        assert beyond_chance < 2 / MAX_DISTANCE, shares
+
+
+def test_the_check_finds_a_shortcut_where_there_is_one():
+    generator = torch.Generator().manual_seed(1)
+    first = torch.rand(64, REPEAT_SYMBOLS, generator=generator).argsort(-1)[:, :20]
+    targets = torch.cat([torch.full((64, 20), -100), first[:, 1:], torch.full((64, 1), -100)], 1)
+    old = shortcut_shares(torch.cat([first, first], 1), targets)  # the old repeat task: the first half again
+    assert old["offset"] == 1.0 and old["best_offset"] in (-19, 1)  # N/2 - 1 back, or the right neighbour
+    tokens, targets = batch(64, generator, distance=5)  # the offset task at one distance
+    assert shortcut_shares(offset_symbols(tokens), targets)["offset"] == 1.0
+    tokens, targets = repeat_batch(64, generator, 40)
+    targets[:, 20:] = torch.where(targets[:, 20:] >= 0, repeat_symbols(tokens)[:, :1], -100)  # always symbol 0
+    assert shortcut_shares(repeat_symbols(tokens), targets)["position"] == 1.0
+
+
+def test_the_committed_repeat_runs_record_their_shortcut_shares_and_none_fails():
+    records = [json.loads(p.read_text()) for p in sorted((ROOT / OUTPUTS["repeat"]).glob("*_seed*.json"))]
+    assert {r["mode"] for r in records} >= {"none", "relative:2"}
+    for record in records:
+        for length in map(str, EVAL_LENGTHS):
+            assert record["shortcut_shares"][length]["offset"] < 1.5 / (int(length) // 2 - 1)
+    for record in (r for r in records if r["mode"] == "none"):  # no position: it cannot tell which symbol follows
+        assert all(a < 0.1 for a in record["accuracy"].values()), record["accuracy"]

@@ -72,7 +72,7 @@ RULES = [
      "skip: make plots, which runs before it, runs this very command (3 minutes)"),
     (r"^python -m experiments.reach --report", ""),
     (r"^python -m experiments.extrapolate --report", ""),
-    (r"^python -m experiments.extrapolate --task repeat$", " --modes relative:2 none --seeds 1 --layers 1 --updates 5"
+    (r"^python -m experiments.extrapolate --task repeat( |$)", " --modes relative:2 none --seeds 1 --layers 1 --updates 5"
      " --jobs 1 --output outputs/extrapolate_repeat_test"),
     (r"^python -m experiments.extrapolate",
      " --modes relative:2 none --seeds 1 --layers 1 --updates 5 --jobs 1 --output outputs/extrapolate_test"),

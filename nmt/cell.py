@@ -79,27 +79,34 @@ def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
                           "trains in hydra.sweep.dir/<its overrides>)")
     if cell_finished(job):
         return
+    main, failed = int(os.environ.get("RANK", "0")) == 0, Path(job.train.output_dir) / SCORE_FAILED
+    if main:
+        failed.unlink(missing_ok=True)  # an earlier attempt's: the other ranks read it only after this training
     try:
         out = train(job)
     except Stopped as stopped:
         requeue_after(getattr(stopped, "signal_name", None))
         raise
-    if int(os.environ.get("RANK", "0")) == 0:
+    if not main:
+        return wait_for_score(out / RESULT, failed)
+    try:
         score_cell(job, out)
-    else:
-        wait_for_score(out / RESULT)
+    except BaseException:
+        failed.touch()  # the other ranks stop waiting
+        raise
 
 
-SCORE_WAIT_S = 6 * 3600  # rank 0 averages, decodes and scores: minutes on a GPU; a dead rank 0 ends the job sooner
+SCORE_FAILED = ".score_failed"  # rank 0 could not score the cell (its log says why)
+SCORE_WAIT_S = 6 * 3600  # rank 0 averages, decodes and scores: minutes on a GPU
 
 
-def wait_for_score(path: Path, poll_s: float = 2.0) -> None:
-    """Block until rank 0 has written the cell's score (a UserError after SCORE_WAIT_S)."""
+def wait_for_score(path: Path, failed: Path, poll_s: float = 2.0) -> None:
+    """Block until rank 0 has written the cell's score; a UserError when it says it could not, or after
+    SCORE_WAIT_S (a rank 0 that died without a word)."""
     deadline = time.monotonic() + SCORE_WAIT_S
     while not path.is_file():
-        if time.monotonic() > deadline:
-            raise UserError(f"{path} did not appear within {SCORE_WAIT_S // 3600} hours: rank 0 did not score the "
-                            "cell; its log says why")
+        if failed.exists() or time.monotonic() > deadline:
+            raise UserError(f"rank 0 did not score the cell in {path.parent}: its log says why")
         time.sleep(poll_s)
 
 

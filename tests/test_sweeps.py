@@ -204,3 +204,18 @@ def test_a_cell_that_fails_ends_the_sweep_in_one_line(prepared, tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     failed = [line for line in done.stderr.splitlines() if line.startswith("a cell of the sweep failed")]
     assert len(failed) == 1 and "cannot be reached on 4 device(s)" in failed[0] and ".submitit/" in failed[0]
+
+
+def test_the_other_ranks_wait_for_rank_0s_score_and_stop_when_it_failed(tmp_path):
+    from nmt.cell import wait_for_score
+    from nmt.errors import UserError
+
+    result, failed = tmp_path / "result.json", tmp_path / ".score_failed"
+    result.write_text("{}")
+    wait_for_score(result, failed, poll_s=0.01)  # scored: returns at once
+    result.unlink()
+    failed.touch()
+    started = time.monotonic()
+    with pytest.raises(UserError, match="rank 0 did not score the cell"):
+        wait_for_score(result, failed, poll_s=0.01)
+    assert time.monotonic() - started < 5

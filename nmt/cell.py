@@ -24,7 +24,7 @@ from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
 from nmt.decode import load_translator, translate_lines
 from nmt.errors import Stopped, UserError
-from nmt.run_names import DATA_PLACES, RUN_EXTENSIONS
+from nmt.run_names import defines_run
 from nmt.runtime import machine, resolve_device
 from nmt.score import score
 
@@ -57,10 +57,9 @@ def cell_finished(job: TrainJob) -> bool:
 
 
 def defining_config(config: dict) -> dict:
-    """A resolved job's fields that define its run: model, optim, train less RUN_EXTENSIONS, data less DATA_PLACES."""
-    left_out = {"train": RUN_EXTENSIONS, "data": DATA_PLACES}
-    return {section: {name: value for name, value in config.get(section, {}).items()
-                      if name not in left_out.get(section, ())} for section in ("model", "optim", "train", "data")}
+    """A resolved job's fields that define its run (nmt.run_names.defines_run)."""
+    return {section: {name: value for name, value in config.get(section, {}).items() if defines_run(section, name)}
+            for section in ("model", "optim", "train", "data")}
 
 
 def plain_job(job: TrainJob) -> dict:

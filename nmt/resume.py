@@ -13,7 +13,7 @@ from nmt.checkpoint import CheckpointError
 from nmt.config import ModelConfig, OptimConfig, TrainConfig
 from nmt.data.pipeline import Prepared
 from nmt.data.readers import DataError
-from nmt.run_names import RUN_EXTENSIONS
+from nmt.run_names import defines_run
 from nmt.runtime import Env, all_gather
 
 
@@ -38,7 +38,7 @@ def check_same_config(state: dict, job: dict, vocab_size: int, batch: int, out: 
         ours, theirs = {**defaults, **job.get(section, {})}, {**defaults, **saved.get(section, {})}
         fields += [f"{section}.{name}={shown(ours.get(name))} (the folder's run: {shown(theirs.get(name))})"
                    for name in sorted(set(ours) | set(theirs))
-                   if ours.get(name) != theirs.get(name) and not (section == "train" and name in RUN_EXTENSIONS)]
+                   if ours.get(name) != theirs.get(name) and defines_run(section, name)]
     their_batch = saved_batch(state)
     if their_batch is not None and their_batch != batch:
         fields.append(f"an effective batch of {batch} tokens (the folder's run: {their_batch})")

@@ -43,6 +43,11 @@ def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
     return f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus)
 
 
+def defines_run(section: str, field: str) -> bool:
+    """Whether a config field defines a run (the one rule: a resume compares it, a cell's name holds it)."""
+    return not (section == "train" and field in RUN_EXTENSIONS or section == "data" and field in DATA_PLACES)
+
+
 def defining_overrides(overrides) -> list[str]:
     """The overrides that define a run, as key=value ("+" dropped), sorted: all but Hydra's own and the launcher's
     keys, the model and data presets (a sweep's folder names them), the data's places (a run compares the prepared
@@ -51,8 +56,7 @@ def defining_overrides(overrides) -> list[str]:
     for override in map(str, overrides):
         key, _, value = override.lstrip("+~").partition("=")
         section, _, field = key.partition(".")
-        if (key.startswith(("hydra.", "hydra/")) or key in ("model", "data")
-                or section == "train" and field in RUN_EXTENSIONS or section == "data" and field in DATA_PLACES):
+        if key.startswith(("hydra.", "hydra/")) or key in ("model", "data") or not defines_run(section, field):
             continue
         kept.append(f"{key}={value}" if value else f"no-{key}")
     return sorted(kept)

@@ -31,12 +31,16 @@ from nmt.data.pipeline import prepare
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.experiment import compose_job, find_same_run, run_identity
 from nmt.folder_lock import take_lock
+from nmt.modes import Position
 from nmt.runtime import experiment_cpu_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
 EDGE_BUCKETS = ["model.edge_buckets=32", "model.clip=128"]  # T5's distances (32 buckets up to 128), Shaw's vectors
 DESCENDANT_OVERRIDES = {"relative": [], "none": ["model.rel_key=false", "model.rel_value=false"]}
+# the order the check runs them: Shaw's and the paper's baseline first, the control without positions last
+LR_CHECK_MODES = [p.value for p in (Position.relative, Position.absolute, Position.t5, Position.alibi, Position.rope,
+                                    Position.both, Position.learned, Position.none)]
 # row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
 TABLES = {
     "table1": {"seeds": [1, 2, 3], "rows": {
@@ -78,6 +82,17 @@ TABLES = {
         # Shaw's edge vectors read by T5's log-spaced buckets (32 up to 128) instead of the clip at 16
         **{f"{pair}.buckets": (pair, EDGE_BUCKETS) for pair in ("en-de", "en-fr")},
     }},
+    # The learning rate of each position mode, chosen on validation (newstest-style: the valid split, never test):
+    # Table 1's recipe at the shared rate, half and twice it, one seed; T5 also at 10x the rate for its bias tables.
+    # Scored on valid, so no run here is a copy of a table's run (find_same_run matches the split too).
+    "lr_check": {"seeds": [1], "split": "valid", "rows": {
+        **{f"en-de.{position}.lr{scale:g}": ("en-de", [*DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]),
+                                                        f"optim.lr_scale={scale:g}"])
+           for position in LR_CHECK_MODES for scale in (1.0, 0.5, 2.0)},
+        "en-de.t5.bias_lr10": ("en-de", ["model.position=t5", "optim.bias_lr_scale=10"]),
+        **{f"en-de.buckets.lr{scale:g}": ("en-de", [*EDGE_BUCKETS, f"optim.lr_scale={scale:g}"])
+           for scale in (1.0, 0.5, 2.0)},
+    }},
     "length": {"seeds": [1, 2], "rows": {
         "absolute": ("en-de", ["model.position=absolute"]),
         "relative": ("en-de", []),
@@ -98,14 +113,14 @@ def run_overrides(table: str, pair: str, row_overrides: list[str], seed: int, de
             f"train.seed={seed}", *precision]
 
 
-def keep_results(run_dir: Path, target: Path) -> None:
+def keep_results(run_dir: Path, target: Path, split: str) -> None:
     """The small files of a finished run, under results/ (checkpoints stay in outputs/); result.json last, as it
     marks the run done."""
     target.mkdir(parents=True, exist_ok=True)
     for path in sorted(run_dir.iterdir(), key=lambda path: path.name == "result.json"):
         if path.name == "result.json":
             shutil.copytree(run_dir / "tensorboard", target / "tensorboard", dirs_exist_ok=True)
-        if path.name in KEPT or path.name.startswith("test.hyp."):
+        if path.name in KEPT or path.name.startswith(f"{split}.hyp."):
             shutil.copy2(path, target / path.name)
 
 
@@ -116,7 +131,8 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     name = f"{table}/{row}/seed{seed}"
     overrides = run_overrides(table, pair, row_overrides, seed, args.device)
     key = run_identity(overrides)
-    same = find_same_run(key, args.results, target)
+    split = TABLES[table].get("split", "test")
+    same = find_same_run(key, args.results, target, split)
     if args.dry_run:
         return f"{name}: " + (f"the same run as {same}, would copy" if same else f"would run {' '.join(overrides)}")
     if same is not None:
@@ -127,7 +143,7 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
         return f"{name}: the same run as {same}, copied"
     run_dir = args.outputs / table / row / f"seed{seed}"
     threads = [f"train.threads={args.threads}"] if args.device == "cpu" else []
-    command = [sys.executable, "-m", "nmt.experiment", "--output", str(run_dir), *overrides, *threads,
+    command = [sys.executable, "-m", "nmt.experiment", "--output", str(run_dir), "--split", split, *overrides, *threads,
                f"train.device={args.device}"]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
@@ -142,7 +158,7 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     shown = [os.path.relpath(a, ROOT) if a == str(run_dir) else a for a in command[3:]]
     result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *shown]))
     write_record(run_dir / "result.json", result, indent=2)
-    keep_results(run_dir, target)
+    keep_results(run_dir, target, split)
     return f"{name}: BLEU {result['bleu']:.2f} in {(time.monotonic() - start) / 60:.1f} min"
 
 

@@ -104,12 +104,14 @@ def same_config(a, b, path: tuple[str, ...] = ()) -> bool:
 MISSING = object()  # a field one side of same_config does not have
 
 
-def find_same_run(identity: str, results: Path, exclude: Path) -> Path | None:
-    """A finished run under results/<table>/<row>/seed<k>/ with the same identity, other than `exclude`."""
+def find_same_run(identity: str, results: Path, exclude: Path, split: str = "test") -> Path | None:
+    """A finished run under results/<table>/<row>/seed<k>/ with the same identity, scored on the same split, other
+    than `exclude`."""
     wanted = json.loads(identity)
     for found in sorted(results.glob("*/*/seed*/result.json")):
-        recorded = json.loads(found.read_text()).get("identity")
-        if found.parent != exclude and recorded and same_config(json.loads(recorded), wanted):
+        record = json.loads(found.read_text())
+        recorded, scored_on = record.get("identity"), record.get("split", "test")
+        if found.parent != exclude and recorded and scored_on == split and same_config(json.loads(recorded), wanted):
             return found.parent
     return None
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
+from nmt.progress import ProgressBar
 
 from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite
 from nmt.config import SearchConfig, model_config_from_dict
@@ -151,7 +150,7 @@ def search_ids(model: Transformer | ExportedModel, ids: list[list[int]], search:
         return model.search_ids(ids, search, nbest)
     order = [i for i in np.argsort([len(row) for row in ids], kind="stable") if ids[i]]
     outputs: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * nbest for _ in ids]
-    bar = tqdm(total=len(order), unit=" sent", disable=not progress, file=sys.stderr)
+    bar = ProgressBar(total=len(order), unit=" sent", disable=not progress)
     start = 0
     while start < len(order):
         end = start + 1  # sorted by length: the last sentence of a batch is its longest

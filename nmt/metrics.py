@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
+from nmt.progress import ProgressBar
 
 log = logging.getLogger("nmt.train")
 
@@ -40,8 +39,8 @@ class Metrics:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(out / "tensorboard"))
-        self.bar = tqdm(total=total, initial=initial, unit="upd", disable=not main, dynamic_ncols=True,
-                        mininterval=0.5 if sys.stderr.isatty() else 60)
+        self.bar = ProgressBar(total=total, initial=initial, unit="upd", disable=not main, dynamic_ncols=True,
+                               mininterval=0.5)
         self.tokens, self.since = 0, time.monotonic()
 
     def update(self, step: int, scalars: dict, log_now: bool) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
-from tqdm import tqdm
+from nmt.progress import ProgressBar
 
 from nmt.cli import hydra_job
 from nmt.config import DecodeJob, register_schemas
@@ -107,7 +107,7 @@ def main(cfg) -> None:
         interactive = job.input is None and sys.stdin.isatty()  # answer each line as it is typed
         out = open_output(job.output) if job.output else sys.stdout
         # lines as they are written; a file's total (counted first, fast) gives the bar its rate and ETA
-        bar = tqdm(total=count_lines(job.input) if job.input else None, unit=" lines", disable=job.input is None,
+        bar = ProgressBar(total=count_lines(job.input) if job.input else None, unit=" lines", disable=job.input is None,
                    file=sys.stderr, mininterval=1.0)
         with open_source(job.input) as source, autocast(device, dtype):
             lines = decode_source_lines(source, job.input or "<stdin>")

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
+from nmt.progress import ProgressBar
 
 from nmt.config import DataConfig
 from nmt.data import readers
@@ -120,7 +120,7 @@ def _write_split(cfg: DataConfig, split: str, vocab: Vocab, out: Path) -> dict:
     raw = {} if split == "train" else {lang: open(out / f"{split}.{lang}", "w", encoding="utf-8")
                                           for lang in (cfg.src, cfg.tgt)}
     counts = Counter()
-    with tqdm(desc=f"encode {split}", unit=" pairs", leave=False) as bar:
+    with ProgressBar(desc=f"encode {split}", unit=" pairs", leave=False) as bar:
         for chunk in _chunks(read_split(cfg, split), cfg.chunk_lines):
             sources = [s.strip() for s, _ in chunk]
             targets = [t.strip() for _, t in chunk]
@@ -151,7 +151,7 @@ def _write_vocab_input(cfg: DataConfig, path: Path) -> int:
     """Both sides of the training text, one sentence per line, for SentencePiece."""
     lines = 0
     with open(path, "w", encoding="utf-8") as f:
-        for src, tgt in tqdm(read_split(cfg, "train"), desc="collect vocab text", unit=" pairs", leave=False):
+        for src, tgt in ProgressBar(read_split(cfg, "train"), desc="collect vocab text", unit=" pairs", leave=False):
             for sentence in (src.strip(), tgt.strip()):
                 if sentence:
                     f.write(sentence + "\n")

@@ -1,0 +1,74 @@
+"""What a user sees in a terminal: the progress bar and the log lines apart, and whole lines in a log file."""
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+from tests.conftest import ROOT, data_overrides, model_overrides
+
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) ")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def train_overrides(prepared, out) -> list[str]:
+    # a log line every update and a validation every 4: as many chances as possible for a line to meet the bar
+    return [*data_overrides(prepared), *model_overrides(), "train.max_steps=8", "train.max_tokens=800",
+            "train.log_every=1", "train.valid_every=4", "train.valid_bleu_sentences=0", "train.save_every_steps=8",
+            "train.threads=1", f"train.output_dir={out}"]
+
+
+def run_in_terminal(command: list[str], timeout: float = 180) -> str:
+    """The command's stdout and stderr as a terminal of 120 columns receives them."""
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # rows, columns: tqdm reads them
+    os.set_blocking(parent, False)
+    process = subprocess.Popen(command, cwd=ROOT, env={**os.environ, "TERM": "xterm"}, stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    received, deadline = bytearray(), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(parent, 65536)
+        except BlockingIOError:
+            if process.poll() is not None:
+                break
+            time.sleep(0.05)
+            continue
+        except OSError:  # EIO: the child side closed
+            break
+        received += chunk
+    process.wait(timeout=10)
+    os.close(parent)
+    assert process.returncode == 0, received.decode(errors="replace")[-3000:]
+    return received.decode(errors="replace")
+
+
+def screen_lines(text: str) -> list[str]:
+    """What the terminal's cursor wrote between returns: a bar redrawn over itself is one piece per draw."""
+    return [piece.strip() for piece in re.split(r"[\r\n]", ANSI.sub("", text)) if piece.strip()]
+
+
+def test_log_lines_never_meet_the_progress_bar_in_a_terminal(prepared, tmp_path):
+    shown = run_in_terminal([sys.executable, "-m", "nmt.train", *train_overrides(prepared, tmp_path / "run")])
+    pieces = screen_lines(shown)
+    bars = [piece for piece in pieces if "upd" in piece and "|" in piece]
+    logs = [piece for piece in pieces if re.search(r"(INFO|WARNING) nmt", piece)]
+    assert bars, "no progress bar was drawn in the terminal"
+    assert len([line for line in logs if "train update" in line]) == 8, logs
+    glued = [piece for piece in logs if not TIMESTAMP.match(piece)]
+    assert not glued, f"log lines written onto the bar: {glued}"
+
+
+def test_a_piped_run_writes_whole_lines(prepared, tmp_path):
+    """Off a terminal (`| tee log`, a SLURM log) there is no bar at all: no carriage return, every line a log line."""
+    done = subprocess.run([sys.executable, "-m", "nmt.train", *train_overrides(prepared, tmp_path / "run")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for text in (done.stderr, (tmp_path / "run" / "train.log").read_text()):
+        assert "\r" not in text
+        assert all(TIMESTAMP.match(line) or line.startswith(" ") for line in text.splitlines() if line), text

@@ -25,7 +25,7 @@ from nmt.checkpoint import (
     numbered_checkpoints,
     save_checkpoint,
 )
-from nmt.cli import ends_in_one_line, hydra_job
+from nmt.cli import ends_in_one_line, hydra_job, program_name
 from nmt.config import AverageJob, register_schemas
 from nmt.outputs import output_file
 
@@ -133,7 +133,7 @@ def flag_form(argv: list[str]) -> bool:
 
 
 def main_flags(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nmt.average", description=__doc__,
+    parser = argparse.ArgumentParser(prog=program_name("nmt.average"), description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="training output folder holding checkpoint_<update>.pt files")
     parser.add_argument("--last", type=int, required=True, help="how many of the newest regular checkpoints")
@@ -154,8 +154,13 @@ def main(cfg) -> None:
     average(job.directory, job.last, job.output)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """relnmt-average and python -m nmt.average: the flag form or the Hydra form, as the arguments say."""
     if flag_form(sys.argv[1:]):
         main_flags(sys.argv[1:])
     else:
         main()
+
+
+if __name__ == "__main__":
+    cli()

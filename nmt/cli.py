@@ -121,7 +121,14 @@ EXAMPLES = {"train": "model=base data=local train.max_steps=1000", "prepare": "d
             "export": "checkpoint=run/averaged.pt output=run/ct2", "average": "directory=outputs/run last=5"}
 
 
-def help_text(config_name: str, schema: type, tool: str, doc: str | None) -> str:
+def program_name(module: str) -> str:
+    """The command as the user typed it, for usage lines and hints: `relnmt-train` when run as the console script
+    (pyproject.toml's [project.scripts]), else `python -m nmt.train` (`module`: the entry point's module)."""
+    script = Path(sys.argv[0]).name
+    return script if script.startswith("relnmt-") else f"python -m {module}"
+
+
+def help_text(config_name: str, schema: type, program: str, doc: str | None) -> str:
     """--help: usage, then each group of the job (with its presets) and each field with its default and description."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -130,7 +137,7 @@ def help_text(config_name: str, schema: type, tool: str, doc: str | None) -> str
         cfg = compose(config_name)
     defaults = OmegaConf.to_container(cfg, resolve=False)
     fields = schema_fields(schema)
-    lines = [f"usage: python -m nmt.{tool} [key=value ...]", "",
+    lines = [f"usage: {program} [key=value ...]", "",
              *(inspect.cleandoc(doc).splitlines()[:1] if doc else []), "",
              f"Options are key=value (Hydra overrides), never --flags: e.g. {EXAMPLES[config_name]}."]
     presets = {group: sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
@@ -231,33 +238,37 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
     (exit 2, one line naming the key). --help and -h print help_text; a --flag gets one line (exit 2); the job runs
     in ends_in_one_line."""
     def wrap(task):
+        module = sys.modules[task.__module__]  # `python -m nmt.train` runs it as __main__: its spec has the name
+        module_name = module.__spec__.name if getattr(module, "__spec__", None) else task.__module__
+        tool = module_name.rpartition(".")[2]  # nmt.train -> train: the logger its errors go through
         @functools.wraps(task)
         def task_in_one_line(cfg):  # inside Hydra's main: Hydra reports an exception that reaches it with exit 1
-            with ends_in_one_line(Path(sys.argv[0]).stem, interrupted):
+            with ends_in_one_line(tool, interrupted):
                 return task(cfg)
 
-        hydra_main = hydra.main(version_base="1.3", config_path="../configs", config_name=config_name)(task_in_one_line)
+        # the folder by its absolute path: a relative one is resolved as a package, found only from the repository root
+        hydra_main = hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=config_name)(task_in_one_line)
 
         @functools.wraps(task)
         def entry():
             args = sys.argv[1:]
-            tool = Path(sys.argv[0]).stem
+            program = program_name(module_name)
             if "--help" in args or "-h" in args:
                 try:
-                    print(help_text(config_name, schema, tool, sys.modules[task.__module__].__doc__))
+                    print(help_text(config_name, schema, program, sys.modules[task.__module__].__doc__))
                     sys.stdout.flush()
                 except BrokenPipeError:  # `--help | head`
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 sys.exit(0)
             if (error := flag_error(args, schema)) is not None:
-                print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
+                print(f"error: {error} ({program} --help lists the fields)", file=sys.stderr)
                 sys.exit(EXIT_USER_ERROR)
             # a flag (--config-name, --cfg, -sc, ...): Hydra's own checks, as they are; a -m sweep: every value
             flags = [arg for arg in args if arg.startswith("-") or arg.startswith("hydra.mode=")]
             if all(flag in ("-m", "--multirun") for flag in flags):
                 error = next(filter(None, (override_error(config_name, cell) for cell in sweep_checks(args))), None)
                 if error is not None:
-                    print(f"error: {error} (python -m nmt.{tool} --help lists the fields)", file=sys.stderr)
+                    print(f"error: {error} ({program} --help lists the fields)", file=sys.stderr)
                     sys.exit(EXIT_USER_ERROR)
             sys.argv[1:] = hydra_run_dir(args)
             hydra_main()

@@ -296,5 +296,3 @@ def register_schemas() -> None:
     for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,
                       "export": ExportJob, "average": AverageJob}.items():
         store.store(name=f"{job}_schema", node=node)
-    store.store(group="model", name="schema", node=ModelConfig)
-    store.store(group="data", name="schema", node=DataConfig)

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from nmt.batch import micro_batches
 from nmt.cell import checkpoint_to_decode, decode_and_score
 from nmt.checkpoint import CheckpointError, load_checkpoint
-from nmt.cli import ends_in_one_line
+from nmt.cli import ends_in_one_line, program_name
 from nmt.config import (
     DataConfig,
     ModelConfig,
@@ -191,7 +191,8 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=program_name("nmt.experiment"), description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, type=Path, help="training folder (the same experiment there is "
                         "continued; another one's finished run replaced)")
     parser.add_argument("--split", choices=["test", "valid"], default="test", help="the set to decode and score")

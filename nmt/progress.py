@@ -1,9 +1,9 @@
 """Progress bars that share the terminal with the log: the one bar class of every command that shows one.
 
-A bar is drawn only on a terminal. While one is open, log records bound for the console go through tqdm.write,
-which clears the bar, writes the whole line and draws the bar again below it, so a log line is never glued to the
-bar; file handlers (train.log) are left as they are. Off a terminal (a pipe, a SLURM log, `| tee`) no bar is drawn:
-its carriage returns would be fragments in the file, and the log lines say the progress there."""
+On a terminal, while a bar is open, log records bound for the console go through tqdm.write, which clears the bar,
+writes the whole line and draws the bar again below it, so a log line is never glued to the bar; file handlers
+(train.log) are left as they are. Off a terminal (a pipe, a SLURM log, `| tee`) the bar is redrawn at most once a
+minute, each time as a line of its own: no carriage return, no fragment of a bar in the file."""
 
 from __future__ import annotations
 
@@ -12,14 +12,33 @@ import sys
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+OFF_TERMINAL_INTERVAL = 60.0  # seconds between two progress lines in a file
+
+
+class WholeLines:
+    """A stream for a bar off a terminal: each draw becomes one line, a clear nothing."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        line = text.replace("\r", "").rstrip()
+        if line:
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
 
 class ProgressBar(tqdm):
-    def __init__(self, *args, disable: bool = False, file=None, **kwargs):
+    def __init__(self, *args, disable: bool = False, file=None, mininterval: float = 0.1, **kwargs):
         self._redirect = None
         file = file if file is not None else sys.stderr
         on_terminal = hasattr(file, "isatty") and file.isatty()
-        super().__init__(*args, disable=disable or not on_terminal, file=file, **kwargs)
-        if not self.disable:
+        if not on_terminal:
+            file, mininterval = WholeLines(file), max(mininterval, OFF_TERMINAL_INTERVAL)
+        super().__init__(*args, disable=disable, file=file, mininterval=mininterval, **kwargs)
+        if on_terminal and not self.disable:
             self._redirect = logging_redirect_tqdm(tqdm_class=ProgressBar)
             self._redirect.__enter__()
 

@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from nmt.cli import ends_in_one_line
+from nmt.cli import ends_in_one_line, program_name
 from nmt.data.readers import DataError
 from nmt.run_names import cell_name, defining_overrides
 from nmt.score import tokenized_bleu_of
@@ -109,7 +109,7 @@ def markdown_table(picked: list[tuple[str, list[dict]]], baseline: str | None) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m nmt.table", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=program_name("nmt.table"), description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="a -m sweep's folder (multirun/<model>_<data>), one cell per folder")
     parser.add_argument("--rows", nargs="+", default=[], metavar="KEY=VALUE", help="the rows to show, in order")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="the row the others are compared with")

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|make|\.venv/bin/|sacrebleu|scripts/|echo |tensorboard|pip |\. )")
+COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:python|relnmt-(?:prepare|train|average|translate|score|export|experiment|table)\b|make|\.venv/bin/|sacrebleu|scripts/|echo |tensorboard|pip |\. )")
 SMALL_TRAIN = ("train.max_steps=2 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0 "
                "train.score_lines=5")  # score_lines: a -m sweep's cells score 5 sentences
 GPU = "needs GPUs (the paper's WMT14 recipes; tests/test_launch.py rehearses them at toy size)"
@@ -41,22 +41,24 @@ RULES = [
     (r"^make (decode|score) (CKPT|SRC|REF)=", f"skip: {GPU} and sacrebleu's newstest2014 download"),
     (r"^make train-\*$", "mention: the make train-* targets"),
     (r"^python -m torch.distributed.run --nnodes=2", "skip: several GPU nodes"),
-    (r"^python -m nmt.train (-m )?model=base data=wmt14_en_de", f"skip: {HUB}; {GPU}"),
-    (r"^python -m nmt.table multirun/base_wmt14_en_de", f"skip: reads the cells of make ablate-k ({GPU})"),
-    (r"^python -m nmt.train$", "mention: the module's name"),
-    (r"^python -m nmt.(export|translate)$", "mention: the module's name"),
+    (r"^relnmt-train (-m )?model=base data=wmt14_en_de", f"skip: {HUB}; {GPU}"),
+    (r"^relnmt-table multirun/base_wmt14_en_de", f"skip: reads the cells of make ablate-k ({GPU})"),
+    (r"^(relnmt-train|python -m nmt.train)$", "mention: the command's name"),
+    (r"^relnmt-(export|translate)$", "mention: the module's name"),
     (r"^python -m nmt\.\*$", "mention: the modules' names"),
-    (r"^python -m nmt.train (-m )?model\.", f" {SMALL_TRAIN}"),
-    (r"^python -m nmt.train model=tiny data=local .* train.output_dir=outputs/my_en_fr$",
+    (r"^python -m nmt\.<(name|stage)>$", "mention: the modules' names"),
+    (r"^relnmt-train model=<TAB>$", "mention: a line typed up to TAB (tests/test_commands.py asks the completion)"),
+    (r"^relnmt-train (-m )?model\.", f" {SMALL_TRAIN}"),
+    (r"^relnmt-train model=tiny data=local .* train.output_dir=outputs/my_en_fr$",
      " train.max_steps=10 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"),
     (r"^python -m torch.distributed.run --standalone --nproc_per_node=8 -m nmt.train model=base data=local",
      f"skip: {GPU}, on the user's own corpus"),
-    (r"^python -m nmt.translate checkpoint=outputs/my_en_fr/last5.pt input=", " beam=1 max_extra=5"),
-    (r"^python -m nmt.experiment --output outputs/my_en_fr",
+    (r"^relnmt-translate checkpoint=outputs/my_en_fr/last5.pt input=", " beam=1 max_extra=5"),
+    (r"^relnmt-experiment --output outputs/my_en_fr",
      " train.max_steps=4 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0 --lines 10"),
-    (r"^python -m nmt.train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",
+    (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",
      " train.max_steps=6 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"),
-    (r"^python -m nmt.prepare \.\.\. force=true$", "replace: python -m nmt.prepare data=multi30k_en_de force=true"),
+    (r"^relnmt-prepare \.\.\. force=true$", "replace: relnmt-prepare data=multi30k_en_de force=true"),
     (r"^python -m nmt.kernels.resources$", ' --arch 90 --only "bfloat16 D=64 R=15 decode" --jobs 2'),
     (r"^python -m pytest ", "skip: part of the suite this test belongs to"),
     (r"^TRITON_INTERPRET=1 python -m benchmarks.attention --memory-only",
@@ -87,7 +89,7 @@ RULES = [
     (r"^python scripts/demo.py", " --updates 4 --lines 10"),
     (r"^make (table1|table2|table3|beyond|descendants|length-study)", f"skip: {HOURS}"),
     (r"^python -m experiments.plot_attention_distance outputs/sweep/", "skip: needs make table2's checkpoints (hours)"),
-    (r"^python -m nmt.train model=tiny data=multi30k_en_de \+experiment=table1 .*train.output_dir=outputs/attention/",
+    (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=table1 .*train.output_dir=outputs/attention/",
      f" {SMALL_TRAIN}"),
     (r"^python -m experiments.plot_attention_distance --by-mode", " --sentences 20 --output outputs/attention_test.png"),
     (r"^tensorboard --logdir", "skip: a server that runs until stopped"),
@@ -153,11 +155,11 @@ def all_commands(root: Path) -> list[str]:
 
 def test_every_readme_command_has_a_plan_and_the_known_ones_are_found():
     commands = all_commands(ROOT)
-    for wanted in ("make demo", "python -m nmt.train -m model.clip=0,1,2,4,16,64,256",
-                   "python -m nmt.train model.rel_value=false", "python -m experiments.param_count",
+    for wanted in ("make demo", "relnmt-train -m model.clip=0,1,2,4,16,64,256",
+                   "relnmt-train model.rel_value=false", "python -m experiments.param_count",
                    "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de", "make demo UPDATES=400",
                    "make train-smoke", "python -m nmt.kernels.resources", "python -m benchmarks.checkpoint_disk",
-                   "python -m nmt.export checkpoint=outputs/demo_shared/averaged.pt output=outputs/demo_shared/ct2",
+                   "relnmt-export checkpoint=outputs/demo_shared/averaged.pt output=outputs/demo_shared/ct2",
                    "python -m benchmarks.data", "python -m experiments.results_table --readme results/README.md",
                    "make plots", "python -m experiments.reach --report"):
         assert wanted in commands, wanted

@@ -30,12 +30,12 @@ def test_every_field_of_every_job_has_a_description(name):
 
 
 def test_help_lists_the_tools_own_fields_with_defaults_and_descriptions():
-    train = help_text("train", config.TrainJob, "train", "python -m nmt.train ...: the training loop.")
+    train = help_text("train", config.TrainJob, "python -m nmt.train", "python -m nmt.train ...: the training loop.")
     assert "  model.clip=16" in train and "k: relative distances are clipped to [-k, k]" in train
     assert "model.d_model=256" in train  # the default preset's value (model=tiny), not the dataclass's 512
     assert "presets: model=base|big|tiny" in train and "+experiment=NAME" in train
     assert "schema" not in train and "checkpoint=" not in train
-    decode = help_text("decode", config.DecodeJob, "translate", None)
+    decode = help_text("decode", config.DecodeJob, "python -m nmt.translate", None)
     assert "  beam=4" in decode and "nbest=1" in decode and "GNMT length penalty exponent" in decode
     assert "model." not in decode and "data." not in decode and "experiment" not in decode
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import types
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from benchmarks.report import write_report
 from nmt.attention import MultiHeadAttention
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer
@@ -150,7 +150,7 @@ def memory_only(device, dtype, output: str) -> None:
         print(f"{n:4d} {mem['kernel']:7.1f} {mem['torch_path']:11.1f} {mem['sdpa']:7.1f} "
               f"{mem['kernel'] / mem['sdpa']:12.3f} {mem['torch_path'] / mem['sdpa']:16.3f}", flush=True)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
-    Path(output).write_text(json.dumps({"device": str(device), "dtype": str(dtype), "rows": rows}, indent=2) + "\n")
+    write_report(output, {"device": str(device), "dtype": str(dtype), "rows": rows})
     print(f"wrote {output}")
 
 
@@ -206,7 +206,7 @@ def main():
               f"{t['learned'] / t['absolute']:12.3f}")
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(f"\nwrote {args.output}")
 
 

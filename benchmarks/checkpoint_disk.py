@@ -11,13 +11,13 @@ it is written.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from benchmarks.report import write_report
 from nmt.checkpoint import WEIGHTS, save_checkpoint
 from nmt.experiment import preset_job
 from nmt.model import Transformer
@@ -62,7 +62,7 @@ def main() -> None:
             print(f"{r['recipe']}: numbered {r['numbered'] / 1e9:.2f} GB, whole state {r['whole_state'] / 1e9:.2f} GB, "
                   f"folder at most {r['folder_peak'] / 1e9:.1f} GB with keep_last {r['keep_last']} "
                   f"(every checkpoint a whole state: {r['folder_peak_before'] / 1e9:.1f} GB)", flush=True)
-    Path(args.output).write_text(json.dumps(rows, indent=2) + "\n")
+    write_report(args.output, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import resource
 import statistics
 import subprocess
@@ -18,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.report import write_report
 from nmt.config import DataConfig
 from nmt.data.batching import collate, make_batches
 from nmt.data.pipeline import load_manifest, prepare, prepared_dir
@@ -119,7 +119,7 @@ def main() -> None:
         print(f"prepare {pairs:,} pairs: {seconds:.0f} s, peak RSS {peak:.0f} MiB; "
               f"projected for WMT14 En-De ({WMT14_EN_DE_PAIRS:,} pairs): {projected / 60:.1f} min")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(f"wrote {args.output}")
 
 

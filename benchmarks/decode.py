@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 from pathlib import Path
 
 import torch
 
+from benchmarks.report import write_report
 from nmt.config import SearchConfig
 from nmt.data.batching import pad_rows
 from nmt.decode import encode_lines, load_translator, translate_ids
@@ -112,7 +112,7 @@ def main() -> None:
     report = {"model": source, "device": args.device, "threads": args.threads,
               **measure(model, vocab, lines, device, dtype, args.repeats)}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(f"wrote {args.output}")
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.report import write_report
 from nmt.model import BOS, EOS, Transformer
 from nmt.timing import time_interleaved
 
@@ -168,7 +169,7 @@ def main() -> None:
         print(f"{position} / absolute:", {k: round(v, 3) for k, v in ratios.items()})
     print(markdown(report))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.output, report, indent=1)
     print(f"wrote {args.output}")
 
 

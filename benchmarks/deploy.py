@@ -34,11 +34,12 @@ from pathlib import Path
 import torch
 from sacrebleu.metrics import BLEU
 
+from benchmarks.report import write_report
 from nmt.config import SearchConfig
 from nmt.cpu_linear import onednn_preferred
 from nmt.decode import encode_lines, load_translator, translate_ids
 from nmt.export import export
-from nmt.runtime import machine
+from nmt.machine import machine
 from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,7 +166,7 @@ def main() -> None:
     for key, row in report["speed"].items():
         print(f"{key:22s} {row['seconds']:7.2f} s  {row['sentences_per_s']:7.1f} sentences/s  "
               f"{row['speed_over_relnmt']:5.2f}x relnmt")
-    (args.output / "deploy.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output / "deploy.json", report)
     print(f"wrote {args.output / 'deploy.json'}")
 
 

@@ -138,7 +138,7 @@ def describe(device) -> dict:
     import torch
 
     if device.type == "cpu":
-        from nmt.runtime import machine
+        from nmt.machine import machine
 
         return {"name": machine(device), "cores": os.cpu_count()}
     props = torch.cuda.get_device_properties(device)

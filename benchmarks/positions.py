@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.attention import D_MODEL, HEADS, TOKENS
+from benchmarks.report import write_report
 from nmt.attention import MultiHeadAttention
 from nmt.config import ModelConfig
 from nmt.kernels.dispatch import AttentionBackend
@@ -120,7 +120,7 @@ def main():
         print(f"{position:9s} {seconds * 1e3:8.1f} ms  {seconds / t['absolute']:6.3f}")
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(f"\nwrote {args.output}")
 
 

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.report import write_report
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -168,7 +170,7 @@ def main() -> None:
         print(f"{preset:6s}  relative/absolute: time {ratio:.3f}, peak memory {memory:.3f}")
         report["rows"].append({"preset": preset, **summary, "time_ratio": ratio, "memory_ratio": memory})
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")  # each preset's rows as they exist
+        write_report(args.output, report)  # each preset's rows as they exist
     print(f"wrote {args.output}")
 
 

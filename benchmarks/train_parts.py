@@ -22,7 +22,6 @@ after the other:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks.report import write_report
 from nmt.timing import interleaved_samples
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,7 +195,8 @@ def main() -> None:
     from nmt.data.batching import training_stream
     from nmt.data.pipeline import prepare
     from nmt.experiment import compose_job
-    from nmt.runtime import machine, setup_env
+    from nmt.machine import machine
+    from nmt.runtime import setup_env
     from nmt.train import Trainer
 
     job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "train.device=cpu", f"train.precision={args.precision}",
@@ -247,7 +248,7 @@ def main() -> None:
                               for d in ("forward", "input grad", "weight grad"))
             print(f"    {row['layer']:31s} {row['rows']:5d} {row['in']:4d} {row['out']:5d} {row['uses']:4d}  {cells}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.output, report)
     print(f"\nwrote {args.output}")
 
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from experiments.grid import Cell, read_records, run_grid, write_record
 from experiments.reach import FIRST_TOKEN, Tagger, fit
 from nmt.cli import ends_in_one_line
+from nmt.machine import host
 
 LENGTH, SYMBOLS = 16, 16
 KERNEL = {-3: 0.5, -2: -1.0, -1: 2.0, 0: 1.0, 1: -0.5, 2: 0.25, 3: 1.5}  # w(o): uneven, so no offset is like another
@@ -83,7 +84,7 @@ def run_one(task: str, edges: str, seed: int, layers: int, updates: int, output:
     final_loss = fit(model, updates, task_loss(task, torch.Generator().manual_seed(seed)))
     result = {"task": task, "edges": edges, "seed": seed, "layers": layers, "updates": updates,
               "metric": "R^2" if task == "sum" else "accuracy", "score": score(model.eval(), task, seed),
-              "final_loss": final_loss, "minutes": round((time.monotonic() - start) / 60, 2),
+              "final_loss": final_loss, "minutes": round((time.monotonic() - start) / 60, 2), "host": host(),
               "command": f"python -m experiments.edge_values --tasks {task} --edges {edges} --seeds {seed} "
                          f"--layers {layers} --updates {updates}"}
     write_record(record_path(output, task, edges, layers, seed), result)

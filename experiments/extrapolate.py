@@ -46,10 +46,10 @@ import torch
 import torch.nn.functional as F
 
 from experiments.grid import Cell, read_records, run_grid, write_record
-from experiments.reach import (FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit,
-                              offset_symbols)
+from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit, offset_symbols
 from experiments.shortcuts import shortcut_shares
 from nmt.cli import ends_in_one_line
+from nmt.machine import host
 
 MODES = ["relative:2", "relative:8", "relative:16", "buckets:128", "t5", "alibi", "rope", "absolute", "none"]
 EDGE_BUCKETS = 32  # buckets:K: Shaw's edge vectors read by 32 of T5's log-spaced buckets up to K
@@ -147,7 +147,7 @@ def run_one(mode: str, seed: int, layers: int, updates: int, output: Path, task:
               "final_loss": final_loss, **validation, "accuracy": mean_accuracy,
               "shortcut_shares": {str(n): shortcuts(task, n, seed) for n in EVAL_LENGTHS},
               **({"accuracy_by_distance": by_length} if by_length else {}),
-              "minutes": round((time.monotonic() - start) / 60, 2),
+              "minutes": round((time.monotonic() - start) / 60, 2), "host": host(),
               "command": f"python -m experiments.extrapolate --task {task} --modes {mode} --seeds {seed} "
                          f"--layers {layers} --updates {updates}"}
     write_record(record_path(output, mode, seed), result)

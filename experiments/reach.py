@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from experiments.grid import Cell, read_records, run_grid, write_record
 from nmt.cli import ends_in_one_line
+from nmt.machine import host
 
 SYMBOLS, MAX_DISTANCE, LENGTH = 16, 24, 40  # random symbols, distances 1..24, symbols per sequence
 FIRST_TOKEN = 4  # ids 0-3 are PAD, UNK, BOS, EOS (nmt.data.vocab)
@@ -129,7 +130,7 @@ def train_one(layers: int, clip: int, seed: int, updates: int, output: Path) -> 
     result = {"layers": layers, "clip": clip, "seed": seed, "updates": updates, "final_loss": final_loss,
               "accuracy_by_distance": accuracies, "d_eff": reach(accuracies),
               "d_max_95": max([d for d, a in enumerate(accuracies, 1) if a >= THRESHOLD], default=0),
-              "minutes": round((time.monotonic() - start) / 60, 2),
+              "minutes": round((time.monotonic() - start) / 60, 2), "host": host(),
               "command": f"python -m experiments.reach --layers {layers} --clips {clip} --seeds {seed} --updates {updates}"}
     write_record(record_path(output, layers, clip, seed), result)
     return (f"L={layers} k={clip} seed {seed}: d_eff {result['d_eff']}, loss {result['final_loss']:.3f}, "

@@ -24,8 +24,9 @@ from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
 from nmt.decode import load_translator, translate_lines
 from nmt.errors import Stopped, UserError
+from nmt.machine import host, machine
 from nmt.run_names import defines_run
-from nmt.runtime import machine, resolve_device
+from nmt.runtime import resolve_device
 from nmt.score import score
 
 RESULT = "result.json"
@@ -139,7 +140,7 @@ def decode_and_score(checkpoint: Path, data: DataConfig, split: str, search: Sea
     return {**score(hyps, refs, data.tgt), "pair": f"{data.src}-{data.tgt}", "split": split,
             "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
             "ref": str(data_dir / f"{split}.{data.tgt}"), "hyp": hyp_path.name,
-            "decode_seconds": round(decode_seconds, 1), "device": machine(device),
+            "decode_seconds": round(decode_seconds, 1), "device": machine(device), "host": host(),
             "threads": torch.get_num_threads()}
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.runtime import cpuinfo
+from nmt.machine import cpuinfo
 
 
 @cache

@@ -9,7 +9,6 @@ import ctypes
 import datetime
 import logging
 import os
-import platform
 import signal
 import sys
 import threading
@@ -24,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt.cluster import export_ranks, preemption_signal
 from nmt.config import ConfigError, valid_device
 from nmt.errors import EXIT_USER_ERROR, UserError
+from nmt.machine import native_cpu_bf16
 from nmt.modes import Precision
 
 
@@ -214,37 +214,9 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
-def native_cpu_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 / AMX)."""
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
 def experiment_cpu_precision() -> Precision:
     """What the demo and the sweeps ask for by name on a CPU: bf16 where it is native, else fp32."""
     return Precision.bf16 if native_cpu_bf16() else Precision.fp32
-
-
-def machine(device: torch.device) -> str:
-    """The device in words, for result records."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    bf16 = "native bf16" if native_cpu_bf16() else "no native bf16"
-    return f"CPU {cpu_model()}, {os.cpu_count()} cores, {bf16}"
-
-
-def cpuinfo(field: str) -> list[str]:
-    """The values of `field` in /proc/cpuinfo, one per logical CPU; [] where there is none (not Linux)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return [line.split(":", 1)[1].strip() for line in f if line.split(":", 1)[0].strip() == field]
-    except OSError:
-        return []
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux; platform.processor() is empty there), else the architecture."""
-    names = cpuinfo("model name")
-    return f"{names[0]} ({platform.machine()})" if names else platform.processor() or platform.machine()
 
 
 # A second Ctrl-C counts as "again" only this long after the first: torchrun passes the terminal's Ctrl-C on to its

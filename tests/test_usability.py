@@ -184,13 +184,31 @@ def test_files_are_one_concept_in_size_and_imports_never_go_round():
         visit(module, [])
 
 
-def test_result_records_name_the_cpu_model():
-    """Every figure says which CPU: nmt.runtime.machine() names its model, where platform.processor() is empty."""
-    from nmt.runtime import machine
+def test_result_records_name_the_cpu_by_what_decides_its_kernels(tmp_path, monkeypatch):
+    """Every figure says which CPU: its model name (platform.processor() is empty on Linux), and since cloud CPUs
+    share one name across generations, its family, model, stepping and the kernel-deciding flags, in the device
+    string of a result and in every benchmark report (with its command and date)."""
+    import json
+    import sys
+
+    from benchmarks.report import write_report
+    from nmt.machine import KERNEL_FLAGS, machine
 
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text(errors="replace").splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    if not names:
+    field = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        field.setdefault(key.strip(), value.strip())
+    if "model name" not in field:
         pytest.skip("no model name in /proc/cpuinfo")
-    assert machine(torch.device("cpu")).startswith(f"CPU {names[0]} (")
+    flags = [flag for flag in KERNEL_FLAGS if flag in field.get("flags", "").split()]
+    described = machine(torch.device("cpu"))
+    assert described.startswith(f"CPU {field['model name']} (")
+    assert f"family {field['cpu family']} model {field['model']} stepping {field['stepping']}" in described
+    assert " ".join(flags) in described
+    monkeypatch.setattr(sys, "argv", ["benchmarks/x.py", "--repeats", "1"])
+    write_report(tmp_path / "r.json", {"seconds": 1.5})
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["seconds"] == 1.5 and record["host"]["model"] == field["model"] and record["date"]
+    assert record["host"]["kernel_flags"] == flags and record["command"].endswith("--repeats 1")

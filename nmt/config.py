@@ -166,6 +166,7 @@ class TrainConfig:
     max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
+    deterministic: bool = False  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
     score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)

@@ -62,9 +62,20 @@ class Env:
             raise
 
 
-def setup_env(device_name: str, threads: int = 0) -> Env:
+def use_deterministic_algorithms() -> None:
+    """train.deterministic: PyTorch's deterministic algorithms (an op without one is an error that names it) and
+    cuBLAS's fixed workspace, which it reads when its handle is created, so before any CUDA work. On a CPU the
+    trainer's results are reproducible without it (tests/test_train.py); the cost on a GPU is unmeasured."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+
+
+def setup_env(device_name: str, threads: int = 0, deterministic: bool = False) -> Env:
     """This process's rank and device under torchrun, as a task of a submitit job (nmt/cluster.py) or alone, its
     threads or GPU, and the process group (NCCL on CUDA, gloo on the CPU)."""
+    if deterministic:
+        use_deterministic_algorithms()
     export_ranks()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))

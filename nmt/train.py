@@ -205,8 +205,9 @@ class Trainer:
 
 def log_setup(trainer: Trainer) -> None:
     cfg, env = trainer.cfg, trainer.env
-    log.info("world size %d on %s, %s precision%s; %s parameters", env.world_size, env.device,
+    log.info("world size %d on %s, %s precision%s%s; %s parameters", env.world_size, env.device,
              trainer.amp_dtype or "fp32", ", torch.compile" if trainer.train_model is not trainer.data_parallel else "",
+             ", deterministic algorithms" if torch.are_deterministic_algorithms_enabled() else "",
              f"{count_parameters(trainer.model):,}")
     log.info("%s", effective_batch_line(env.world_size, cfg.max_tokens, trainer.update_freq, cfg.tokens_per_update))
 
@@ -248,7 +249,7 @@ def run(job: TrainJob) -> Path:
     """Prepare (rank 0), train (every rank), then average (rank 0, after the process group is gone).
     Raises TrainingStopped when a signal ended the run early."""
     job.check()
-    env = setup_env(job.train.device, job.train.threads)
+    env = setup_env(job.train.device, job.train.threads, job.train.deterministic)
     with env.refusal_ends_the_launch():
         return train_in(env, job)
 

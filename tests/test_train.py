@@ -377,3 +377,17 @@ def test_each_descendant_trains_validates_resumes_averages_and_translates(prepar
     lines = ["A man rides a bike.", "", "Two dogs play in the snow."]
     out = translate_lines(model, vocab, lines, SearchConfig(beam=2, max_extra=5))
     assert len(out) == 3 and out[1] == ""
+
+
+def test_deterministic_runs_with_torch_deterministic_algorithms_and_the_cublas_workspace(prepared, tmp_path):
+    """train.deterministic=true turns on what CUDA needs for the same bits (here on a CPU: the switch, the log line
+    and a run that completes under it; on a GPU an op without a deterministic kernel would be an error naming it)."""
+    probe = ("import os, sys, torch; from nmt.runtime import setup_env; setup_env('cpu', 1, deterministic=True); "
+             "print(torch.are_deterministic_algorithms_enabled(), os.environ['CUBLAS_WORKSPACE_CONFIG'])")
+    switched = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert switched.stdout.split() == ["True", ":4096:8"], switched.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-m", "nmt.train", *data_overrides(prepared), *model_overrides(),
+                           "train.max_steps=2", "train.max_tokens=800", "train.valid_every=0", "train.threads=1",
+                           "train.deterministic=true", f"train.output_dir={tmp_path}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "fp32 precision, deterministic algorithms;" in done.stderr, done.stderr[-3000:]

@@ -1,0 +1,166 @@
+"""The README's headline figures against the records they name: the results-at-a-glance table, the demo's BLEU and
+minutes, the decoding ratios. Each expected value is computed here from the committed records (results/), so a
+figure that drifts from its record, or a record that changes under its figure, fails."""
+
+import json
+import re
+import statistics
+
+import pytest
+
+from experiments.results_table import BLEU_BLOCKS, holm_family, load_runs, seed_bleu
+from experiments.significance import seed_p
+from tests.conftest import ROOT
+
+RESULTS = ROOT / "results"
+README = (ROOT / "README.md").read_text()
+
+
+def agrees(printed: str, value: float) -> bool:
+    """`printed` is `value` rounded to the digits it shows (1,000 and 0.058 alike)."""
+    text = printed.replace(",", "")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return abs(float(text) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def glance_row(label: str) -> str:
+    """The number cell of the results-at-a-glance row that starts with `label`."""
+    rows = [line for line in README.splitlines() if line.startswith(f"| {label}")]
+    assert len(rows) == 1, f"no single row '{label}' in the README's results at a glance"
+    return rows[0].split(" | ")[1]
+
+
+def numbers(pattern: str, text: str) -> list[str]:
+    found = re.search(pattern, text)
+    assert found, f"'{pattern}' not in: {text}"
+    return list(found.groups())
+
+
+def check(printed: list[str], values: list[float], what: str) -> None:
+    wrong = [(p, round(v, 4)) for p, v in zip(printed, values, strict=True) if not agrees(p, v)]
+    assert not wrong, f"{what}: printed vs record {wrong}"
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return {table: load_runs(RESULTS, table, rescore=()) for table in BLEU_BLOCKS}
+
+
+@pytest.fixture(scope="module")
+def adjusted(tables):
+    return holm_family(tables)
+
+
+def summary(rows: dict, name: str) -> list[float]:
+    bleu = list(seed_bleu(rows[name]))
+    return [statistics.mean(bleu), statistics.stdev(bleu)]
+
+
+def record(path: str) -> dict:
+    return json.loads((RESULTS / path).read_text())
+
+
+def test_the_demo_figures_are_its_records():
+    bf16, fp32 = record("demo/score.json"), record("demo_fp32/score.json")
+    cell = glance_row("`make demo`")
+    check(numbers(r"sacreBLEU (\S+)", cell), [bf16["bleu"]], "demo row")
+    printed = numbers(r"\*\*(\S+)\*\* \(bf16; chrF (\S+), compound-split\s+(\S+),\s+(\S+) min\) and (\S+) \(fp32,\s+(\S+)"
+                      r" min\)", " ".join(README.split()))
+    check(printed, [bf16["bleu"], bf16["chrf"], bf16["compound_split_bleu"], bf16["total_minutes"], fp32["bleu"],
+                    fp32["total_minutes"]], "the demo's paragraph")
+
+
+@pytest.mark.parametrize("label, table, row, reference", [
+    ("Table 1 at tiny scale, En-De", "table1", "en-de.relative", "en-de.absolute"),
+    ("Table 1 at tiny scale, En-Fr", "table1", "en-fr.relative", "en-fr.absolute"),
+    ("T5 with 10×", "descendants", "en-de.t5_lr10", "en-de.t5"),
+])
+def test_compared_rows_are_their_seeds_means_and_tests(tables, adjusted, label, table, row, reference):
+    rows = tables[table]
+    printed = numbers(r"(\S+) ± (\S+) vs (\S+) ± (\S+) \(Welch p = ([\d.]+),?(?: over seeds,)? Holm-adjusted ([\d.]+)",
+                      glance_row(label))
+    a, b = list(seed_bleu(rows[row])), list(seed_bleu(rows[reference]))
+    check(printed, [*summary(rows, row), *summary(rows, reference), seed_p(a, b), adjusted[(tuple(a), tuple(b))]],
+          label)
+
+
+@pytest.mark.parametrize("label, table, row, reference", [
+    ("Table 3: a^K only vs a^K + a^V", "table3", "key", "key+value"),
+    ("one edge table per layer vs per head", "beyond", "en-de.shared", "en-de.relative"),
+])
+def test_null_results_are_their_seeds_means_and_tests(tables, label, table, row, reference):
+    rows = tables[table]
+    cell = glance_row(label)
+    a, b = list(seed_bleu(rows[row])), list(seed_bleu(rows[reference]))
+    if "±" in cell:
+        printed = numbers(r"(\S+) ± (\S+) vs (\S+) ± (\S+) \(Welch p = ([\d.]+)", cell)
+        check(printed, [*summary(rows, row), *summary(rows, reference), seed_p(a, b)], label)
+    else:
+        printed = numbers(r"(\S+) vs (\S+) \(Welch p = ([\d.]+)", cell)
+        check(printed, [statistics.mean(a), statistics.mean(b), seed_p(a, b)], label)
+
+
+def test_means_without_a_test_are_their_seeds_means(tables):
+    table2, descendants = tables["table2"], tables["descendants"]
+    check(numbers(r"(\S+) vs (\S+)", glance_row("Table 2: k = 0 vs k = 16")),
+          [statistics.mean(seed_bleu(table2["k0"])), statistics.mean(seed_bleu(table2["k16"]))], "Table 2")
+    check(numbers(r"(\S+) ± (\S+) / (\S+) ± (\S+)", glance_row("RoPE / sinusoids + edge tables")),
+          [*summary(descendants, "en-de.rope"), *summary(descendants, "en-de.both")], "RoPE / both")
+    printed = numbers(r"(\S+) ± (\S+) vs (\S+) ± (\S+) \(Welch p = ([\d.]+)\) / (\S+) ± (\S+) vs (\S+) ± (\S+) "
+                      r"\(p = ([\d.]+)\)", glance_row("Shaw's vectors by T5's log-spaced buckets"))
+    values = []
+    for pair in ("en-de", "en-fr"):
+        a, b = seed_bleu(descendants[f"{pair}.buckets"]), seed_bleu(descendants[f"{pair}.relative"])
+        values += [*summary(descendants, f"{pair}.buckets"), *summary(descendants, f"{pair}.relative"),
+                   seed_p(list(a), list(b))]
+    check(printed, values, "edge buckets")
+
+
+def mean_accuracy(folder: str, mode_file: str, length: int) -> float:
+    runs = sorted((RESULTS / folder).glob(f"{mode_file}_seed*.json"))
+    assert runs, (folder, mode_file)
+    return statistics.mean(json.loads(path.read_text())["accuracy"][str(length)] for path in runs)
+
+
+def test_the_long_dependency_figures_are_the_repeat_task_records():
+    cell = glance_row("dependencies up to 8× longer")
+    for name, mode_file in (("relative k = 8", "relative8"), ("k = 2", "relative2"), ("k = 16", "relative16"),
+                            ("Shaw's vectors on T5's buckets", "buckets128")):
+        printed = numbers(re.escape(name) + r" (\S+) → ([\d.]+)", cell)
+        check(printed, [mean_accuracy("extrapolate_repeat", mode_file, n) for n in (40, 320)], name)
+    check(numbers(r"ALiBi (\S+) even at 40", cell), [mean_accuracy("extrapolate_repeat", "alibi", 40)], "ALiBi")
+    check(numbers(r"1 seed\) k = 2 (\S+) → ([\d.]+)", cell),
+          [mean_accuracy("extrapolate_repeat_4000", "relative2", n) for n in (40, 320)], "4,000 updates")
+
+
+def test_the_speed_and_export_figures_are_their_records():
+    layer = {row["n"]: row for row in record("bench_attention.json")["layer"]}
+    other = {row["n"]: row for row in record("bench_attention_remeasured.json")["layer"]}
+    check(numbers(r"(\S+)× \(another 2-core machine: (\S+)×\)", glance_row("one relative attention layer over SDPA")),
+          [layer[192]["ours_over_sdpa"], other[192]["ours_over_sdpa"]], "attention layer")
+    cost = record("decode_cost.json")
+    relative, absolute = cost["relative"], cost["absolute"]
+    check(numbers(r"(\S+)× / (\S+)×", glance_row("decoding time, relative over absolute")),
+          [absolute["greedy_sentences_per_s"] / relative["greedy_sentences_per_s"],
+           absolute["beam4_sentences_per_s"] / relative["beam4_sentences_per_s"]], "decoding ratios")
+    agreement = record("deploy/deploy.json")["agreement"]["beam4_alpha0"]
+    check(numbers(r"(\S+) of (\S+) lines identical", glance_row("CTranslate2 float32 vs relnmt")),
+          [agreement["identical"], agreement["of"]], "export")
+
+
+def test_the_minutes_of_a_table_run_are_its_records():
+    runs = [json.loads(path.read_text()) for table in BLEU_BLOCKS
+            for path in sorted((RESULTS / table).glob("*/seed*/result.json"))]
+    minutes = sorted(run["train_minutes"] for run in runs if "same_run_as" not in run)
+    text = " ".join((RESULTS / "README.md").read_text().split())
+    printed = numbers(r"The (\d+) runs trained in these tables \(copies not counted\).*? trained in (\S+)–(\S+) minutes, "
+                      r"median (\S+) ", text)
+    check(printed, [len(minutes), minutes[0], minutes[-1], statistics.median(minutes)], "minutes of a table run")
+
+
+def test_the_demo_precisions_agree_on_the_lines_the_records_say():
+    bf16 = (RESULTS / "demo" / "test.hyp.de").read_text().splitlines()
+    fp32 = (RESULTS / "demo_fp32" / "test.hyp.de").read_text().splitlines()
+    text = " ".join((RESULTS / "README.md").read_text().split())
+    check(numbers(r"bf16 and fp32 on one machine gave \S+ and \S+ with (\S+) of (\S+) lines equal", text),
+          [sum(a == b for a, b in zip(bf16, fp32, strict=True)), len(bf16)], "demo lines equal")

@@ -41,6 +41,17 @@ DESCENDANT_OVERRIDES = {"relative": [], "none": ["model.rel_key=false", "model.r
 # the order the check runs them: Shaw's and the paper's baseline first, the control without positions last
 LR_CHECK_MODES = [p.value for p in (Position.relative, Position.absolute, Position.t5, Position.alibi, Position.rope,
                                     Position.both, Position.learned, Position.none)]
+
+
+def lr_rows(position: str) -> dict[str, list[str]]:
+    """A mode's rows of the learning-rate check: the shared rate, half and twice it; T5 also its bias tables at 10x."""
+    mode = DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"])
+    rows = {f"en-de.{position}.lr{scale:g}": [*mode, f"optim.lr_scale={scale:g}"] for scale in (1.0, 0.5, 2.0)}
+    if position == Position.t5.value:
+        rows["en-de.t5.bias_lr10"] = [*mode, "optim.bias_lr_scale=10"]
+    return rows
+
+
 # row name -> (pair, overrides). Table 3's "neither" is a relative model with both tables off: no position at all.
 TABLES = {
     "table1": {"seeds": [1, 2, 3], "rows": {
@@ -86,10 +97,7 @@ TABLES = {
     # Table 1's recipe at the shared rate, half and twice it, one seed; T5 also at 10x the rate for its bias tables.
     # Scored on valid, so no run here is a copy of a table's run (find_same_run matches the split too).
     "lr_check": {"seeds": [1], "split": "valid", "rows": {
-        **{f"en-de.{position}.lr{scale:g}": ("en-de", [*DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]),
-                                                        f"optim.lr_scale={scale:g}"])
-           for position in LR_CHECK_MODES for scale in (1.0, 0.5, 2.0)},
-        "en-de.t5.bias_lr10": ("en-de", ["model.position=t5", "optim.bias_lr_scale=10"]),
+        **{row: ("en-de", overrides) for position in LR_CHECK_MODES for row, overrides in lr_rows(position).items()},
         **{f"en-de.buckets.lr{scale:g}": ("en-de", [*EDGE_BUCKETS, f"optim.lr_scale={scale:g}"])
            for scale in (1.0, 0.5, 2.0)},
     }},

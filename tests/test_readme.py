@@ -232,3 +232,17 @@ def test_every_readme_command_runs(tmp_path):
         ran.append(command)
     assert len(ran) >= 20, ran
     print(f"ran {len(ran)} doc commands; skipped {len(skipped)}:", *(f"  {c}: {w}" for c, w in skipped), sep="\n")
+
+
+HISTORY = re.compile(r"(?i)\bissue \d+|\bissue's|\bsessions?\b|\btoday\b|tried once|\b(?:older|later|earlier|newer) "
+                     r"(?:version|code|decoder)|issue author|\bno longer\b|\bused to\b")
+
+
+def test_the_docs_state_facts_not_their_history():
+    """A doc says what is, with dates where a figure needs one; who changed what when is the git log's. (A grep is
+    no proof of absence: it catches the words that gave history away before.)"""
+    docs = [*doc_paths(ROOT), *sorted((ROOT / "results").glob("*/README.md"))]
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}" for path in docs
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if HISTORY.search(line)]
+    assert not found, found

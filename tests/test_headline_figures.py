@@ -64,7 +64,7 @@ def test_the_demo_figures_are_its_records():
     bf16, fp32 = record("demo/score.json"), record("demo_fp32/score.json")
     cell = glance_row("`make demo`")
     check(numbers(r"sacreBLEU (\S+)", cell), [bf16["bleu"]], "demo row")
-    printed = numbers(r"\*\*(\S+)\*\* \(bf16; chrF (\S+), compound-split\s+(\S+),\s+(\S+) min\) and (\S+) \(fp32,\s+(\S+)"
+    printed = numbers(r"\*\*(\S+)\*\* \(bf16; chrF (\S+), compound-split\s+(\S+);\s+(\S+) min to train and decode\) and (\S+) \(fp32,\s+(\S+)"
                       r" min\)", " ".join(README.split()))
     check(printed, [bf16["bleu"], bf16["chrf"], bf16["compound_split_bleu"], bf16["total_minutes"], fp32["bleu"],
                     fp32["total_minutes"]], "the demo's paragraph")

@@ -262,6 +262,34 @@ def length_table(rows: dict[str, dict[int, dict]]) -> str:
     return "\n".join(lines)
 
 
+def final_valid_nll(run_dir: Path) -> float | None:
+    """The validation NLL (nats per target token, whole valid split) the run logged at its last update."""
+    lines = [line for line in (run_dir / "train.log").read_text().splitlines() if " valid update " in line]
+    found = re.search(r" nll ([\d.]+)", lines[-1]) if lines else None
+    return float(found.group(1)) if found else None
+
+
+def lr_check_table(results: Path) -> str:
+    """experiments.sweep lr_check: each mode's validation BLEU (beam 4, the whole valid split) and NLL at the shared
+    learning rate, half and twice it (and T5's bias tables at 10x), one seed; the best rate by validation BLEU."""
+    runs = {}
+    for path in sorted(results.glob("lr_check/*/seed1/result.json")):
+        mode, _, rate = path.parent.parent.name.removeprefix("en-de.").partition(".")
+        runs.setdefault(mode, {})[rate] = (json.loads(path.read_text())["bleu"], final_valid_nll(path.parent))
+    lines = ["| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) |",
+             "|---|---|---|---|---|"]
+    for mode, rates in runs.items():
+        shown = [rates.get(f"lr{scale}") for scale in ("0.5", "1", "2")]
+        extra = {rate: score for rate, score in rates.items() if not rate.startswith("lr")}
+        best = max(rates, key=lambda rate: rates[rate][0])
+        lines.append(f"| {mode} | {' / '.join(f'{s[0]:.2f}' if s else '–' for s in shown)} | "
+                     f"{' / '.join(f'{s[1]:.3f}' if s and s[1] is not None else '–' for s in shown)} | "
+                     f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f})' for rate, s in extra.items())} | "
+                     f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"
+                     f"{'' if len(rates) == 3 + len(extra) else ' (not all rates run yet)'} |")
+    return "\n".join(lines)
+
+
 def replace_block(text: str, name: str, block: str) -> str:
     pattern = re.compile(rf"(<!-- results:{re.escape(name)} -->\n).*?(<!-- /results:{re.escape(name)} -->)", re.DOTALL)
     if not pattern.search(text):
@@ -277,10 +305,10 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--rescore", action="store_true", help="first rewrite every record's tokenized BLEU under "
                         "its target language's convention (nmt/score.py), noting the old value and this command")
-    parser.add_argument("--blocks", nargs="+", choices=[*BLEU_BLOCKS, *LENGTH_BLOCKS], default=None,
+    parser.add_argument("--blocks", nargs="+", choices=[*BLEU_BLOCKS, *LENGTH_BLOCKS, "lr_check"], default=None,
                         help="only these blocks (default: all)")
     args = parser.parse_args()
-    wanted = set(args.blocks or [*BLEU_BLOCKS, *LENGTH_BLOCKS])
+    wanted = set(args.blocks or [*BLEU_BLOCKS, *LENGTH_BLOCKS, "lr_check"])
     if args.rescore:
         command = "python -m experiments.results_table --rescore"
         changed = [p for p in sorted(args.results.glob("*/*/seed*/result.json")) if rescore(p, command)]
@@ -290,6 +318,8 @@ def main() -> int:
     adjusted = holm_family(runs)
     blocks = {table: bleu_table(table, runs[table], args.samples, adjusted)
               for table in BLEU_BLOCKS if table in wanted and runs[table]}
+    if "lr_check" in wanted and (args.results / "lr_check").is_dir():
+        blocks["lr_check"] = lr_check_table(args.results)
     for block, names in LENGTH_BLOCKS.items():
         rows = {name: seeds for name, seeds in runs["length"].items() if name in names}
         if rows and block in wanted:

@@ -102,7 +102,7 @@ class DataConfig:
     max_len: int = 250  # training pairs longer than this (subword tokens, either side) are dropped
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
-    prepared_dir: Optional[str] = None  # default: prepared/<src>-<tgt>.<name>
+    prepared_dir: Optional[str] = None  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
     chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
 
     def check(self) -> "DataConfig":

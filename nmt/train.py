@@ -63,13 +63,13 @@ class Trainer:
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
-        self.final_valid, self.stopped_by = None, None  # the last valid loss (for finish()); a stop signal received
+        self.metrics: Metrics | None = None  # opened by train(), at the update it starts from
+        self.final_valid, self.final_started, self.stopped_by = None, 0.0, None  # final validation; stop signal
         self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
 
     def state_dict(self, rng: list[dict] | None = None, saved_for: str = "cadence") -> dict:
-        """The whole training state; rng: every rank's generator states, by rank (default: this process's);
-        saved_for: "cadence" (train.save_every_*), "end" (the run's last update) or "signal" (a stop off the cadence:
-        nmt.average leaves these out)."""
+        """The whole training state; rng: each rank's generator states (default: this one's); saved_for: "cadence",
+        "end" (the last update) or "signal" (a stop off the cadence, which nmt.average leaves out)."""
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
@@ -91,11 +91,6 @@ class Trainer:
         """Wall-clock seconds of training so far, over every session of the run (resumes included)."""
         return self.earlier_seconds + time.monotonic() - self.start_time
 
-    def check_attention(self) -> None:
-        """Self-test the fused kernel on every case the model can meet, before torch.compile (kernels/dispatch.py)."""
-        cases = model_cases(self.job.model, self.amp_dtype or torch.float32, self.env.device, training=True)
-        self.attention.check(cases, self.env.device)
-
     def next_micro_batches(self, stream) -> list:
         items = [next(stream) for _ in range(self.update_freq)]
         self.epoch, self.batch_index = items[-1][0], items[-1][1]
@@ -108,12 +103,8 @@ class Trainer:
 
     def train_step(self, batches: list, out_of_time: bool, signalled: bool = False,
                    save_due: bool = False) -> UpdateStats:
-        """Accumulate over micro-batches; gradients end up normalized by the target tokens of all ranks.
-
-        The host waits for the device once: the named sums (over ranks), the gradient norm and the stop flags come
-        back in one read after the backward passes. One rule in every precision: an update whose loss or gradient
-        is not finite is skipped (counted and logged with its cause; with fp16 the scaler also lowers its scale).
-        """
+        """Accumulate over micro-batches (gradients normalized by all ranks' target tokens); one host read of the
+        sums, gradient norm and stop flags; an update whose loss or gradient is not finite is skipped."""
         env = self.env
         local_tokens = sum(b.target_tokens for b in batches)  # counted on the host at collation
         # from pinned memory, asynchronously: a pageable copy would make the host wait for the device here
@@ -152,9 +143,8 @@ class Trainer:
         return stats
 
     def train(self) -> str | None:
-        """The updates, with checkpoints and validation on the way; every rank takes part throughout. Returns
-        what stopped the run early: "signal" (SIGTERM/SIGUSR1, after a complete checkpoint, on every rank at the
-        same update), "time" (train.max_minutes) or None."""
+        """The updates, with checkpoints and validation; every rank takes part throughout. Returns what stopped the
+        run early: "signal" (after a complete checkpoint, every rank at one update), "time" (max_minutes) or None."""
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume(cfg.save_every_steps)) is not None:
@@ -163,9 +153,10 @@ class Trainer:
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
-        self.check_attention()
+        self.attention.check(model_cases(self.job.model, self.amp_dtype or torch.float32, env.device, True), env.device)
         self.metrics = Metrics(self.out, env.main, cfg.max_steps, self.step)
-        log_setup(self)
+        log.info("%s", setup_line(env, self.amp_dtype, self.train_model is not self.data_parallel, self.model))
+        log.info("%s", effective_batch_line(env.world_size, cfg.max_tokens, self.update_freq, cfg.tokens_per_update))
         stream = Prefetcher(training_stream(self.data.train, cfg.max_tokens, cfg.seed, env.rank, env.world_size,
                                             self.epoch, self.batch_index),
                             depth=2 * self.update_freq, pin_memory=env.device.type == "cuda")
@@ -196,44 +187,47 @@ class Trainer:
         if stop != "signal" and validated != self.step:
             self.final_started = time.monotonic()
             log.info("final validation at update %d: loss on the validation set, then greedy BLEU on %d sentences",
-                     self.step, cfg.valid_bleu_sentences)  # rank 0's: the others log warnings only
+                     self.step, cfg.valid_bleu_sentences)
             self.final_valid = self.validate.loss(self.model)
         self.stopped_by = signals["received"]
-        log_stop(self, stop, self.stopped_by)
+        log_stop(stop, self.stopped_by, self.step, self.out, cfg.max_minutes)
         return stop
 
+    def finish(self) -> None:
+        """Rank 0 alone, after the process group is gone: its BLEU and average cannot trip a collective timeout."""
+        if self.final_valid is not None:
+            self.metrics.log("valid", self.step, {**self.final_valid, **self.validate.bleu(self.model)})
+            log.info("final validation took %.1f s", time.monotonic() - self.final_started)
+        if self.cfg.average_last > 0:
+            average_last(self.out, self.cfg.average_last)
+        log_done(self.step, self.train_seconds(), time.monotonic() - self.start_time, self.earlier_seconds > 0)
 
-def log_setup(trainer: Trainer) -> None:
-    cfg, env = trainer.cfg, trainer.env
-    log.info("world size %d on %s, %s precision%s%s; %s parameters", env.world_size, env.device,
-             trainer.amp_dtype or "fp32", ", torch.compile" if trainer.train_model is not trainer.data_parallel else "",
-             ", deterministic algorithms" if torch.are_deterministic_algorithms_enabled() else "",
-             f"{count_parameters(trainer.model):,}")
-    log.info("%s", effective_batch_line(env.world_size, cfg.max_tokens, trainer.update_freq, cfg.tokens_per_update))
+
+def setup_line(env: Env, amp_dtype: torch.dtype | None, compiled: bool, model: torch.nn.Module) -> str:
+    return (f"world size {env.world_size} on {env.device}, {amp_dtype or 'fp32'} precision"
+            f"{', torch.compile' if compiled else ''}"
+            f"{', deterministic algorithms' if torch.are_deterministic_algorithms_enabled() else ''}; "
+            f"{count_parameters(model):,} parameters")
 
 
-def log_stop(trainer: Trainer, stop: str | None, received: str | None) -> None:
+def log_stop(stop: str | None, received: str | None, step: int, out: Path, max_minutes: float) -> None:
     """What ended the run early, if anything, and what to do next."""
     if stop == "signal":
         log.warning("stopped by %s at update %d with a complete checkpoint in %s: run the same command again to "
-                    "continue (exit code %d)", received or "a signal on another rank", trainer.step, trainer.out,
-                    EXIT_STOPPED)
+                    "continue (exit code %d)", received or "a signal on another rank", step, out, EXIT_STOPPED)
     elif stop == "time":
-        log.info("train.max_minutes=%g reached at update %d", trainer.cfg.max_minutes, trainer.step)
+        log.info("train.max_minutes=%g reached at update %d", max_minutes, step)
 
 
-def finish(trainer: Trainer) -> None:
-    """Rank 0 alone, after the process group is gone: the last validation BLEU and the checkpoint average
-    (20 big checkpoints on a slow file system) cannot trip a collective timeout on the other ranks."""
-    if trainer.final_valid is not None:
-        trainer.metrics.log("valid", trainer.step, {**trainer.final_valid, **trainer.validate.bleu(trainer.model)})
-        log.info("final validation took %.1f s", time.monotonic() - trainer.final_started)
-    if trainer.cfg.average_last > 0:
-        paths, left_out = checkpoints_to_average(trainer.out, trainer.cfg.average_last)
-        log.info("%s", averaging_note(paths, left_out, write_average(paths, trainer.out / "averaged.pt")))
-    session = (time.monotonic() - trainer.start_time) / 60
-    log.info("done: %d updates in %.1f minutes of training%s", trainer.step, trainer.train_seconds() / 60,
-             f" ({session:.1f} in this session)" if trainer.earlier_seconds else "")
+def average_last(out: Path, last: int) -> None:
+    """train.average_last: the newest `last` regular checkpoints of `out` into out/averaged.pt."""
+    paths, left_out = checkpoints_to_average(out, last)
+    log.info("%s", averaging_note(paths, left_out, write_average(paths, out / "averaged.pt")))
+
+
+def log_done(step: int, train_seconds: float, session_seconds: float, resumed: bool) -> None:
+    log.info("done: %d updates in %.1f minutes of training%s", step, train_seconds / 60,
+             f" ({session_seconds / 60:.1f} in this session)" if resumed else "")
 
 
 class TrainingStopped(Stopped):
@@ -276,7 +270,7 @@ def train_in(env: Env, job: TrainJob) -> Path:
         if stop == "signal":
             raise TrainingStopped(f"stopped at update {trainer.step}", trainer.stopped_by)
         if env.main:
-            finish(trainer)
+            trainer.finish()
     return out
 
 

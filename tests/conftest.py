@@ -1,9 +1,14 @@
 """Shared fixtures: a small real corpus cut from the bundled Multi30k."""
 
+import contextlib
 import gzip
+import logging
 import os
+import random
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +73,52 @@ def write(path: Path, lines, newline="\n", bom=False):
     path.write_bytes(text.encode("utf-8"))
 
 
+@contextlib.contextmanager
+def process_state_kept():
+    """Whatever runs inside (a job run in-process: nmt.train.run sets threads, the allocator, a forced logging
+    configuration with a file handler, warnings capture, the global seeds; torch.compile leaves dynamo's caches;
+    a kernel case's failure is remembered module-wide) leaves the process as it was found."""
+    from nmt import runtime
+
+    threads, root = torch.get_num_threads(), logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    capturing = logging._warnings_showwarning is not None  # logging.captureWarnings(True) is on
+    seeds = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    deterministic, heap = torch.are_deterministic_algorithms_enabled(), runtime.heap_retained
+    environ = dict(os.environ)
+    cases = sys.modules.get("nmt.kernels.cases")
+    failed = set(cases.BACKWARD_FAILED) if cases else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:], root.level = handlers, level
+        logging.captureWarnings(capturing)
+        torch.set_rng_state(seeds[0])
+        random.setstate(seeds[1])
+        np.random.set_state(seeds[2])
+        torch.use_deterministic_algorithms(deterministic)
+        if runtime.heap_retained != heap:
+            runtime.retain_freed_memory(heap)
+        os.environ.clear()
+        os.environ.update(environ)
+        if cases is not None:
+            cases.BACKWARD_FAILED.clear()
+            cases.BACKWARD_FAILED.update(failed)
+        if "torch._dynamo" in sys.modules:
+            sys.modules["torch._dynamo"].reset()
+
+
+@pytest.fixture(autouse=True)
+def process_state_restored():
+    """Every test leaves the process as it found it, so the suite passes in any order."""
+    with process_state_kept():
+        yield
+
+
 @pytest.fixture
 def corpus(tmp_path):
     return make_corpus(tmp_path)
@@ -106,7 +157,8 @@ def prepared(tmp_path_factory):
     directory = tmp_path_factory.mktemp("prepared_corpus")
     make_corpus(directory)
     cfg = local_config(directory)
-    prepare(cfg)
+    with process_state_kept():
+        prepare(cfg)
     return cfg
 
 
@@ -117,7 +169,8 @@ def checkpoint(prepared, tmp_path_factory):
     from nmt.train import run
 
     out = tmp_path_factory.mktemp("trained")
-    run(TrainJob(model=micro_config(max_positions=80), data=prepared, optim=OptimConfig(warmup=10, lr_scale=2.0),
-                 train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
-                                   output_dir=str(out), threads=1, average_last=2)))
+    with process_state_kept():
+        run(TrainJob(model=micro_config(max_positions=80), data=prepared, optim=OptimConfig(warmup=10, lr_scale=2.0),
+                     train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
+                                       output_dir=str(out), threads=1, average_last=2)))
     return out / "averaged.pt"

@@ -20,6 +20,15 @@ from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+def at_a_terminal() -> None:
+    """A child's SIGINT as a shell gives a foreground job: Python's Ctrl-C, whatever this process inherited (a test
+    run from `nohup` or a scheduler starts with SIGINT ignored, and a child keeps an ignored signal ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+INTERACTIVE = {"preexec_fn": at_a_terminal}
+
+
 def train_args(data, out: Path, *extra) -> list[str]:
     return ["-m", "nmt.train", *data_overrides(data), *model_overrides(), "train.max_tokens=300", "train.valid_every=0",
             "train.valid_bleu_sentences=0", "train.threads=1", "train.log_every=1", "train.save_every_steps=1000",
@@ -32,6 +41,7 @@ def logged(out: Path, step: int) -> bool:
 
 
 def test_a_first_ctrl_c_raises_the_flag_and_a_second_one_later_stops_at_once():
+    found = signal.getsignal(signal.SIGINT)  # Python's default_int_handler, or SIG_IGN where inherited ignored
     with stop_signals(announce=False) as signals:
         os.kill(os.getpid(), signal.SIGINT)
         assert signals["received"] == "SIGINT"
@@ -40,12 +50,12 @@ def test_a_first_ctrl_c_raises_the_flag_and_a_second_one_later_stops_at_once():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)  # the handler runs here
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is found  # put back as it was found
 
 
 def test_ctrl_c_saves_the_update_it_stopped_at_and_the_same_command_continues(prepared, tmp_path):
     job = subprocess.Popen([sys.executable, *train_args(prepared, tmp_path)], cwd=ROOT, env=ENV,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **INTERACTIVE)
     wait_for(lambda: logged(tmp_path, 3))
     job.send_signal(signal.SIGINT)
     _, stderr = job.communicate(timeout=120)
@@ -63,7 +73,8 @@ def test_ctrl_c_at_a_terminal_stops_torchruns_workers_with_a_checkpoint(prepared
     on once more)."""
     launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                                  "--monitor-interval=0.2", *train_args(prepared, tmp_path)], cwd=ROOT, env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                **INTERACTIVE)
     try:
         wait_for(lambda: logged(tmp_path, 4))
         os.killpg(launcher.pid, signal.SIGINT)
@@ -87,7 +98,7 @@ def test_ctrl_c_keeps_every_finished_line_of_a_translation(checkpoint, long_inpu
     out = tmp_path / "out.de"
     job = subprocess.Popen([sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", f"input={long_input}",
                             f"output={out}", "beam=1", "device=cpu"], cwd=ROOT, env=ENV, stderr=subprocess.PIPE,
-                           text=True)
+                           text=True, **INTERACTIVE)
     wait_for(lambda: out.is_file() and out.read_text().count("\n") >= 8)
     job.send_signal(signal.SIGINT)
     _, stderr = job.communicate(timeout=120)

@@ -45,9 +45,6 @@ def test_smoothed_loss_of_bf16_logits_is_float32_with_bf16_gradients():
 def test_smoothed_loss_has_no_data_dependent_shape():
     """The loss traces as one graph (fullgraph=True fails on a boolean index, which also syncs CUDA every micro-batch)
     and gives the eager numbers."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
     logits, target = torch.randn(3, 7, 13), torch.randint(1, 13, (3, 7))
     target[0, 4:] = 0
     traced = torch.compile(smoothed_loss, fullgraph=True, backend="eager")

@@ -276,7 +276,6 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
     from nmt.data.batching import collate
     from nmt.model import Transformer
 
-    torch._dynamo.reset()
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # reset() keeps the counters
     torch.manual_seed(0)
     model = Transformer(micro_config(dropout=0.0), 600)

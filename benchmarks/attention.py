@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from benchmarks.report import write_report
 from nmt.attention import MultiHeadAttention
+from nmt.edges import EdgeIndex
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer
 from nmt.modes import Position
@@ -71,8 +72,8 @@ def layer_steps(n: int, device, dtype, opennmt_cls, both_paths: bool = False):
     batch = TOKENS // n
     x = torch.randn(batch, n, D_MODEL, device=device, dtype=dtype)
     layers = {
-        "ours_relative": MultiHeadAttention(D_MODEL, HEADS, clip=CLIP, backend=AttentionBackend("auto")),
-        "sdpa": MultiHeadAttention(D_MODEL, HEADS, clip=None),
+        "ours_relative": MultiHeadAttention(D_MODEL, HEADS, edges=EdgeIndex(CLIP), backend=AttentionBackend("auto")),
+        "sdpa": MultiHeadAttention(D_MODEL, HEADS),
     }
     if opennmt_cls is not None:
         layers["opennmt_relative"] = opennmt_cls(HEADS, D_MODEL, dropout=0.0, is_decoder=False,

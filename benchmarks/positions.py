@@ -24,6 +24,7 @@ from benchmarks.attention import D_MODEL, HEADS, TOKENS
 from benchmarks.report import write_report
 from nmt.attention import MultiHeadAttention
 from nmt.config import ModelConfig
+from nmt.edges import EdgeIndex
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import Transformer, self_attention_positions, stack_positions
 from nmt.modes import Position
@@ -41,7 +42,7 @@ def layer_steps(n: int, device, dtype, backward: bool = True) -> dict:
     for mode in LAYER_MODES:
         torch.manual_seed(0)
         relative = mode == "relative"
-        layer = MultiHeadAttention(D_MODEL, HEADS, clip=cfg.clip if relative else None,
+        layer = MultiHeadAttention(D_MODEL, HEADS, edges=EdgeIndex(cfg.clip) if relative else None,
                                    backend=AttentionBackend("auto") if relative else None)
         position = Position(mode) if mode != "sdpa" else Position.none
         scheme = self_attention_positions(replace(cfg, position=position), causal=False)

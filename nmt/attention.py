@@ -9,7 +9,7 @@ or, with model.edge_buckets=N, a_ij = w_{bucket(j - i)}: N edge vectors by T5's 
 Two implementations compute it, never materializing the (N, N, D) tensors of the paper's formulation:
 nmt/kernels/torch_attention.py (the PyTorch path: CPUs, the reference) and nmt/kernels/relative_attention.py (one
 flash-style Triton kernel on CUDA: O(N) memory). nmt/kernels/dispatch.py chooses, once per job and per case;
-nmt/kernels/window.py cuts the edge vectors a call reaches for both.
+nmt/edges.py's EdgeIndex says which edge vector each pair reads, and what each implementation is given.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from nmt.edges import EdgeIndex
 from nmt.kernels import torch_attention
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.kernels.window import EdgeWindow, LogBuckets, distance_rows, relative_buckets  # noqa: F401 (relative_buckets: API)
+from nmt.kernels.window import relative_buckets  # noqa: F401 (the index of Eq. 3-4, part of this API)
 from nmt.positions import NO_POSITIONS, Rotation, StackPositions, rotate
 
 
@@ -43,33 +44,32 @@ def relation_aware_attention(
 
     rel_k, rel_v: None, (R, D) shared across heads, or (H, R, D) per head; R = 2k+1 edge vectors, or edge_buckets.
     edge_buckets: 0 for a_ij = w_{clip(j - i, k)}; N for a_ij = w_{bucket(j - i)}, N log-spaced buckets up to k
-    (nmt/kernels/window.py's LogBuckets; bidirectional unless causal).
+    (bidirectional unless causal). clip and edge_buckets make the call's EdgeIndex (nmt/edges.py).
     key_padding_mask: (B, Nk) bool, True = padding. A query with no visible key outputs 0.
     q_offset: absolute position of the first query (incremental decoding: Nq=1, q_offset=t).
     backend: may send the call to the fused kernel (nmt/kernels/dispatch.py); None = the PyTorch path.
     """
-    if clip < 0:
-        raise ValueError(f"clip must be >= 0, got {clip}")
-    rows = edge_buckets or 2 * clip + 1
-    for name, table in (("rel_k", rel_k), ("rel_v", rel_v)):
-        if table is not None and table.shape[-2] != rows:
-            need = f"edge_buckets={edge_buckets}" if edge_buckets else f"clip={clip}"
-            raise ValueError(f"{name} has {table.shape[-2]} edge vectors, {need} needs {rows}")
-    relative = rel_k is not None or rel_v is not None
-    window = EdgeWindow.of(q.shape[-2], k.shape[-2], clip, q_offset) if relative else None
-    if relative and backend is not None and backend.use_kernel(q, rel_k, rel_v, window.size, key_padding_mask,
-                                                               causal, dropout_p):
+    return attend(q, k, v, rel_k, rel_v, EdgeIndex(clip, edge_buckets, causal), key_padding_mask, causal, q_offset,
+                  dropout_p, backend)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None, edges: EdgeIndex | None,
+           key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0, dropout_p: float = 0.0,
+           backend: AttentionBackend | None = None) -> Tensor:
+    """relation_aware_attention with the stack's edge index (None: no edge tables, plain attention)."""
+    nq, nk = q.shape[-2], k.shape[-2]
+    if rel_k is None and rel_v is None:
+        return torch_attention.relative_attention(q, k, v, None, None, None, key_padding_mask, causal, q_offset,
+                                                  dropout_p)
+    edges.check_tables(rel_k=rel_k, rel_v=rel_v)
+    window = edges.kernel_window(nq, nk, q_offset)
+    if backend is not None and backend.use_kernel(q, rel_k, rel_v, window.size, key_padding_mask, causal, dropout_p):
         from nmt.kernels import relative_attention as fused_kernel
 
-        if edge_buckets:  # the kernel reads clipped tables: the buckets' vectors at each distance -k..k
-            by_distance = distance_rows(clip, edge_buckets, causal, q.device)
-            rel_k, rel_v = (None if t is None else t.index_select(-2, by_distance) for t in (rel_k, rel_v))
-        return fused_kernel.relative_attention(q, k, v, rel_k, rel_v, window, key_padding_mask, causal, q_offset,
-                                               dropout_p)
-    if relative and edge_buckets:  # the PyTorch path reads the N vectors directly: R = N, not the window
-        window = LogBuckets(clip, edge_buckets, causal)
-    return torch_attention.relative_attention(q, k, v, rel_k, rel_v, window, key_padding_mask, causal, q_offset,
-                                              dropout_p)
+        return fused_kernel.relative_attention(q, k, v, edges.clipped(rel_k), edges.clipped(rel_v), window,
+                                               key_padding_mask, causal, q_offset, dropout_p)
+    return torch_attention.relative_attention(q, k, v, rel_k, rel_v, edges.window(nq, nk, q_offset), key_padding_mask,
+                                              causal, q_offset, dropout_p)
 
 
 @dataclass
@@ -101,7 +101,7 @@ class KV:
 class MultiHeadAttention(nn.Module):
     """Projections, optional edge tables (a^K, a^V) and the attention core.
 
-    clip=None means no relative positions (cross-attention, or position=absolute|none).
+    edges: the stack's edge index (nmt/edges.py); None: no edge tables (cross-attention, positions elsewhere).
     """
 
     def __init__(
@@ -109,28 +109,25 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         heads: int,
         dropout: float = 0.0,
-        clip: int | None = None,
+        edges: EdgeIndex | None = None,
         rel_key: bool = True,
         rel_value: bool = True,
         share_heads: bool = False,
         backend: AttentionBackend | None = None,
-        edge_buckets: int = 0,
     ):
         super().__init__()
         self.backend = backend  # None: the PyTorch path
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
-        self.heads, self.d_head, self.dropout, self.clip = heads, d_model // heads, dropout, clip
-        self.edge_buckets = edge_buckets  # 0: Shaw's clip; N: N vectors by log-spaced bucket of j - i up to clip
+        self.heads, self.d_head, self.dropout, self.edges = heads, d_model // heads, dropout, edges
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        relative = clip is not None
-        edges = edge_buckets or 2 * (clip or 0) + 1
-        table_shape = (edges, self.d_head) if share_heads else (heads, edges, self.d_head)
-        self.rel_k = nn.Parameter(torch.randn(table_shape) * self.d_head**-0.5) if relative and rel_key else None
-        self.rel_v = nn.Parameter(torch.randn(table_shape) * self.d_head**-0.5) if relative and rel_value else None
+        if edges is not None:
+            shape = (edges.rows, self.d_head) if share_heads else (heads, edges.rows, self.d_head)
+        self.rel_k = nn.Parameter(torch.randn(shape) * self.d_head**-0.5) if edges and rel_key else None
+        self.rel_v = nn.Parameter(torch.randn(shape) * self.d_head**-0.5) if edges and rel_value else None
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
@@ -153,17 +150,12 @@ class MultiHeadAttention(nn.Module):
             scores = q @ k.transpose(-1, -2) * self.d_head**-0.5 + positions.bias
             probs = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(q.dtype)
             return probs if positions.empty_rows is None else probs.masked_fill(positions.empty_rows, 0.0)
-        window = (LogBuckets(self.clip, self.edge_buckets, causal) if self.edge_buckets
-                  else EdgeWindow.of(x.shape[1], x.shape[1], self.clip or 0))
+        window = None if self.rel_k is None else self.edges.window(x.shape[1], x.shape[1])
         return torch_attention.attention_weights(q, k, self.rel_k, window, key_padding_mask, causal)
 
-    def clipped_tables(self, causal: bool) -> tuple[Tensor | None, Tensor | None]:
-        """a^K and a^V as (2k+1)-row tables of a_ij = w_{clip(j - i, k)} (what CTranslate2 holds): the tables
-        themselves, or with edge buckets each distance's bucket vector (causal: the decoder's buckets)."""
-        if not self.edge_buckets:
-            return self.rel_k, self.rel_v
-        rows = distance_rows(self.clip, self.edge_buckets, causal)
-        return tuple(None if t is None else t.index_select(-2, rows) for t in (self.rel_k, self.rel_v))
+    def clipped_tables(self) -> tuple[Tensor | None, Tensor | None]:
+        """a^K and a^V as (2k+1)-row tables of a_ij = w_{clip(j - i, k)} (what CTranslate2 holds)."""
+        return self.edges.clipped(self.rel_k), self.edges.clipped(self.rel_v)
 
     def forward(
         self,
@@ -185,10 +177,7 @@ class MultiHeadAttention(nn.Module):
         if positions.bias is not None:  # T5, ALiBi: SDPA's fused kernels take the bias as attn_mask
             z = torch_attention.sdpa(q, kv.k, kv.v, positions.bias, None, positions.empty_rows, dropout_p)
         else:
-            z = relation_aware_attention(
-                q, kv.k, kv.v, self.rel_k, self.rel_v, self.clip or 0,
-                key_padding_mask=key_padding_mask, causal=causal, q_offset=q_offset,
-                dropout_p=dropout_p, backend=self.backend, edge_buckets=self.edge_buckets,
-            )
+            z = attend(q, kv.k, kv.v, self.rel_k, self.rel_v, self.edges, key_padding_mask, causal, q_offset, dropout_p,
+                       self.backend)
         b, _, n, _ = z.shape
         return self.out_proj(z.transpose(1, 2).reshape(b, n, -1))  # (B, Nq, d_model)

@@ -58,11 +58,13 @@ class ModelConfig:
         require(self.ffn_dim >= 1, "model.ffn_dim", self.ffn_dim, ">= 1")
         require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         require(self.clip >= 0, "model.clip", self.clip, ">= 0")
-        if self.edge_buckets:  # nmt/kernels/window.py's LogBuckets: a form of position=relative
-            require(self.position == Position.relative and self.edge_buckets >= 4 and self.edge_buckets % 2 == 0
-                    and self.clip > self.edge_buckets // 2, "model.edge_buckets", self.edge_buckets, "0, or (with "
-                    f"position=relative, here {self.position.value}) an even number >= 4 below 2 x model.clip="
-                    f"{self.clip} (k, where the buckets' logarithmic spacing ends)")
+        if self.edge_buckets:  # a form of position=relative; the sizes' rule is the edge index's (nmt/edges.py)
+            from nmt.edges import bucket_rule
+
+            require(self.position == Position.relative and bucket_rule(self.clip, self.edge_buckets) is None,
+                    "model.edge_buckets", self.edge_buckets, f"0, or (with position=relative, here "
+                    f"{self.position.value}) an even number >= 4 below 2 x model.clip={self.clip} (k, where the "
+                    "buckets' logarithmic spacing ends)")
         require(self.max_positions >= 1, "model.max_positions", self.max_positions, ">= 1")
         require(self.t5_buckets >= 4 and self.t5_buckets % 2 == 0, "model.t5_buckets", self.t5_buckets,
                 "an even number >= 4 (the encoder splits them between the two directions)")

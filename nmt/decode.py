@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from nmt.progress import ProgressBar
 
 from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite
 from nmt.config import SearchConfig, model_config_from_dict
@@ -22,6 +21,7 @@ from nmt.data.vocab import Vocab
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.model import EOS, Transformer
 from nmt.modes import Precision
+from nmt.progress import ProgressBar
 from nmt.search import Hypothesis, beam_search_nbest, greedy
 
 log = logging.getLogger("nmt.translate")

@@ -80,8 +80,7 @@ def _layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
     spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
 
 
-def _attention(spec, attn, self_attention: bool, t5_table: torch.Tensor | None, t5_max_distance: int,
-               causal: bool = False) -> None:
+def _attention(spec, attn, self_attention: bool, t5_table: torch.Tensor | None, t5_max_distance: int) -> None:
     if self_attention:
         _linear(spec.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
     else:
@@ -89,8 +88,8 @@ def _attention(spec, attn, self_attention: bool, t5_table: torch.Tensor | None, 
         _linear(spec.linear[1], attn.k_proj, attn.v_proj)
     _linear(spec.linear[-1], attn.out_proj)
     if hasattr(spec, "relative_position_keys"):
-        zeros = np.zeros((2 * attn.clip + 1, attn.d_head), np.float32)
-        rel_k, rel_v = attn.clipped_tables(causal)  # edge buckets: each distance's vector, exactly the same a_ij
+        zeros = np.zeros((2 * attn.edges.clip + 1, attn.d_head), np.float32)
+        rel_k, rel_v = attn.clipped_tables()  # edge buckets: each distance's vector, exactly the same a_ij
         spec.relative_position_keys = zeros if rel_k is None else _array(rel_k)
         spec.relative_position_values = zeros if rel_v is None else _array(rel_v)
     if t5_table is not None:
@@ -132,8 +131,7 @@ def build_spec(model: Transformer, vocab: Vocab):
         scheme = getattr(model, f"{side}_self_positions")
         t5_table = scheme.table if cfg.position == Position.t5 else None
         for layer_spec, layer in zip(stack_spec.layer, layers):
-            _attention(layer_spec.self_attention, layer.self_attn, True, t5_table, cfg.t5_max_distance,
-                       causal=side == "decoder")
+            _attention(layer_spec.self_attention, layer.self_attn, True, t5_table, cfg.t5_max_distance)
             norms = [layer.attn_block.norm, layer.ffn_block.norm] if side == "encoder" else \
                 [block.norm for block in layer.blocks]
             _layer_norm(layer_spec.self_attention.layer_norm, norms[0])

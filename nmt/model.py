@@ -12,6 +12,7 @@ from nmt.attention import KV, MultiHeadAttention
 from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
 from nmt.dropout import Dropout
+from nmt.edges import EdgeIndex
 from nmt.kernels.cases import Case
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block
@@ -60,12 +61,15 @@ def stack_positions(scheme: nn.Module | None, x: Tensor, nk: int, q_offset: int,
     return scheme(x.shape[1], nk, q_offset, key_padding_mask, x.device, dtype)
 
 
-def _self_attention(cfg: ModelConfig, backend: AttentionBackend | None) -> MultiHeadAttention:
-    return MultiHeadAttention(
-        cfg.d_model, cfg.heads, cfg.dropout, clip=cfg.clip if cfg.position.edge_tables else None,
-        rel_key=cfg.rel_key, rel_value=cfg.rel_value, share_heads=cfg.share_heads, backend=backend,
-        edge_buckets=cfg.edge_buckets,
-    )
+def edge_index(cfg: ModelConfig, causal: bool) -> EdgeIndex | None:
+    """A stack's edge index (the decoder's: causal), built once for its layers; None for the modes without edge
+    tables."""
+    return EdgeIndex(cfg.clip, cfg.edge_buckets, causal) if cfg.position.edge_tables else None
+
+
+def _self_attention(cfg: ModelConfig, backend: AttentionBackend | None, edges: EdgeIndex | None) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.heads, cfg.dropout, edges, rel_key=cfg.rel_key, rel_value=cfg.rel_value,
+                              share_heads=cfg.share_heads, backend=backend)
 
 
 def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, training: bool) -> list[Case]:
@@ -88,9 +92,9 @@ def model_cases(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, trai
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None, edges: EdgeIndex | None = None):
         super().__init__()
-        self.self_attn = _self_attention(cfg, backend)
+        self.self_attn = _self_attention(cfg, backend, edges)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout)
         self.attn_block, self.ffn_block = (Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(2))
 
@@ -121,9 +125,9 @@ class DecoderCache:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend | None = None, edges: EdgeIndex | None = None):
         super().__init__()
-        self.self_attn = _self_attention(cfg, backend)
+        self.self_attn = _self_attention(cfg, backend, edges)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.heads, cfg.dropout)  # never relative
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout)
         self.blocks = nn.ModuleList(Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(3))
@@ -170,8 +174,10 @@ class Transformer(nn.Module):
         nn.init.zeros_(self.embed.weight[PAD])
         self.embed_dropout = Dropout(cfg.dropout)
         self.output_linear = tied_output  # the output projection's GEMM (nmt.cpu_linear swaps it for decoding)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, backend) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, backend) for _ in range(cfg.decoder_layers))
+        edges = edge_index(cfg, causal=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, backend, edges) for _ in range(cfg.encoder_layers))
+        edges = edge_index(cfg, causal=True)
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, backend, edges) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == Norm.pre  # pre-norm stacks end with a LayerNorm; post-norm already did
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()

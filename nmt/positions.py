@@ -88,6 +88,35 @@ def t5_bucket(distance: Tensor, bidirectional: bool, num_buckets: int, max_dista
     return base + torch.where(far < exact, far, logarithmic)
 
 
+def distance_rows(clip: int, num_buckets: int, causal: bool, device=None) -> Tensor:
+    """(2k+1,) long: the edge bucket of each distance -k..k. table.index_select(-2, rows) is the clipped table with
+    a_ij = w_{bucket(j - i)}: bucket(d) saturates at |d| = k, so clip(d, k) loses nothing."""
+    return t5_bucket(torch.arange(-clip, clip + 1, device=device), not causal, num_buckets, clip)
+
+
+@dataclass(frozen=True)
+class LogBuckets:
+    """Shaw's edge vectors read through T5's buckets of j - i up to clip (model.edge_buckets; bidirectional unless
+    causal): the window the PyTorch attention path takes (nmt/kernels/window.py's EdgeWindow interface), every
+    row of the table in use. nmt/edges.py's EdgeIndex builds it and holds the rule on its sizes."""
+
+    clip: int
+    num_buckets: int
+    causal: bool
+
+    @property
+    def size(self) -> int:
+        return self.num_buckets
+
+    def cut(self, table: Tensor | None) -> Tensor | None:
+        return table
+
+    def buckets(self, nq: int, nk: int, q_offset: int, device) -> Tensor:
+        queries = torch.arange(q_offset, q_offset + nq, device=device)
+        distance = torch.arange(nk, device=device)[None, :] - queries[:, None]  # (Nq, Nk), j - i
+        return t5_bucket(distance, not self.causal, self.num_buckets, self.clip)
+
+
 def alibi_slopes(heads: int, device=None) -> Tensor:
     """Press et al. 2022's head slopes, (H,) float32: for H a power of two the geometric sequence 2^(-8h/H),
     h = 1..H; otherwise the slopes for the power of two p below H, then the odd-numbered slopes of the sequence

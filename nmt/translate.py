@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Optional
 
 from omegaconf import OmegaConf
-from nmt.progress import ProgressBar
 
 from nmt.cli import hydra_job
 from nmt.config import DecodeJob, register_schemas
@@ -34,6 +33,7 @@ from nmt.decode import load_translator, translate_stream
 from nmt.errors import UserError
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.outputs import output_file
+from nmt.progress import ProgressBar
 from nmt.runtime import autocast, autocast_dtype, resolve_device
 
 log = logging.getLogger("nmt.translate")

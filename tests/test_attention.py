@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from nmt.attention import MultiHeadAttention, relation_aware_attention, relative_buckets
 from nmt.dropout import keep_mask
+from nmt.edges import EdgeIndex
 
 
 def literal_attention(q, k, v, rel_k, rel_v, clip, key_padding_mask=None, causal=False, q_offset=0, row=None):
@@ -144,7 +145,7 @@ def test_wrong_table_size_is_refused():
 def test_gradients_reach_both_tables():
     torch.manual_seed(0)
     for share in (False, True):
-        mha = MultiHeadAttention(16, 4, clip=2, share_heads=share)
+        mha = MultiHeadAttention(16, 4, edges=EdgeIndex(2), share_heads=share)
         x = torch.randn(2, 6, 16)
         mha(x, mha.project_kv(x), causal=True).pow(2).sum().backward()
         assert mha.rel_k.grad is not None and mha.rel_k.grad.abs().sum() > 0
@@ -156,7 +157,7 @@ def test_separate_key_and_value_tables():
     """a^K and a^V are two tables: a gradient through the key term reaches w^K only, one through the value term
     w^V only."""
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, clip=2)
+    mha = MultiHeadAttention(16, 4, edges=EdgeIndex(2))
     x = torch.randn(2, 5, 16)
     q, kv = mha.split_heads(mha.q_proj(x)), mha.project_kv(x)
     key_only = relation_aware_attention(q, kv.k, kv.v, mha.rel_k, None, 2)
@@ -166,9 +167,9 @@ def test_separate_key_and_value_tables():
     assert grad_k[0].abs().sum() > 0 and grad_k[1] is None
     assert grad_v[0] is None and grad_v[1].abs().sum() > 0
     assert not torch.equal(mha.rel_k, mha.rel_v)  # drawn apart, not one table twice
-    only_k = MultiHeadAttention(16, 4, clip=2, rel_value=False)
+    only_k = MultiHeadAttention(16, 4, edges=EdgeIndex(2), rel_value=False)
     assert only_k.rel_v is None and only_k.rel_k is not None
-    absolute = MultiHeadAttention(16, 4, clip=None)
+    absolute = MultiHeadAttention(16, 4, edges=None)
     assert absolute.rel_k is None and absolute.rel_v is None
 
 
@@ -179,7 +180,7 @@ def test_separate_key_and_value_tables():
 def test_edge_buckets_match_literal_equations(buckets, clip, shared, terms, causal):
     """model.edge_buckets: a_ij = w_{bucket(j - i)} with T5's buckets up to k, pair by pair, with padding and at
     a decoding offset; the expanded (2k+1)-row table (what the kernel and CTranslate2 read) gives the same."""
-    from nmt.kernels.window import distance_rows
+    from nmt.positions import distance_rows
     from tests.test_positions import t5_bucket_reference
 
     g = torch.Generator().manual_seed(buckets + clip)
@@ -220,7 +221,7 @@ def test_edge_buckets_gradients_match_gradcheck(causal):
 def test_edge_buckets_are_exact_near_and_saturate_at_k():
     """16 buckets up to k = 40: the encoder's distances -3..3 each their own vector (exact below 16/4 = 4 each way),
     coarser with distance, every distance from k on in one vector per direction; the decoder's 0..7 exact."""
-    from nmt.kernels.window import LogBuckets
+    from nmt.positions import LogBuckets
 
     encoder = LogBuckets(40, 16, causal=False).buckets(1, 121, 60, None)[0].tolist()  # distances -60..60
     at = lambda d: encoder[d + 60]  # noqa: E731
@@ -300,7 +301,7 @@ def test_self_attention_weights_are_the_literal_alphas(shared):
     """MultiHeadAttention.self_attention_weights (for analysis, experiments/plot_attention_distance.py) gives Eq. 4's
     alpha_ij: the literal equations' output when each key's value is its one-hot position."""
     torch.manual_seed(0)
-    layer = MultiHeadAttention(d_model=15, heads=3, clip=2, share_heads=shared).double().eval()
+    layer = MultiHeadAttention(d_model=15, heads=3, edges=EdgeIndex(2), share_heads=shared).double().eval()
     x = torch.randn(2, 5, 15, dtype=torch.float64)
     pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
     q, k = layer.split_heads(layer.q_proj(x)), layer.split_heads(layer.k_proj(x))
@@ -323,8 +324,8 @@ def test_self_attention_weights_are_the_ones_forward_uses(position, causal):
     buckets = 8 if position == "edge_buckets" else 0
     position = "relative" if buckets else position
     cfg = ModelConfig(position=position, d_model=16, heads=2, clip=2, dropout=0.0)
-    layer = MultiHeadAttention(16, 2, clip=(12 if buckets else 2) if position == "relative" else None,
-                               edge_buckets=buckets).double().eval()
+    edges = EdgeIndex(12 if buckets else 2, buckets, causal) if position == "relative" else None
+    layer = MultiHeadAttention(16, 2, edges=edges).double().eval()
     scheme = self_attention_positions(cfg, causal)
     scheme = scheme.double() if scheme is not None else None
     if position == "t5":

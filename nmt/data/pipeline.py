@@ -19,8 +19,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.progress import ProgressBar
-
 from nmt.config import DataConfig
 from nmt.data import readers
 from nmt.data.readers import DataError
@@ -28,6 +26,7 @@ from nmt.data.shards import EncodedSplit, ShardWriter
 from nmt.data.sources import SPLITS, manifest_key, prepared_offline, read_split
 from nmt.data.vocab import Vocab, train_vocab
 from nmt.outputs import remove_stale_temporaries, temporary_name
+from nmt.progress import ProgressBar
 
 log = logging.getLogger(__name__)
 

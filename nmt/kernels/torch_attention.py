@@ -55,12 +55,12 @@ def reference_attention(q, k, v, rel_k, rel_v, window: EdgeWindow, key_padding_m
                                1.0 / math.sqrt(q.shape[-1]), keep)
 
 
-def attention_weights(q: Tensor, k: Tensor, rel_k: Tensor | None, window: EdgeWindow,
+def attention_weights(q: Tensor, k: Tensor, rel_k: Tensor | None, window: EdgeWindow | None,
                       key_padding_mask: Tensor | None = None, causal: bool = False, q_offset: int = 0) -> Tensor:
     """alpha_ij, Eq. 4's scores through the softmax, (B, H, Nq, Nk): for looking at where attention goes
-    (experiments/plot_attention_distance.py). rel_k: the whole (2k+1)-row table, or None."""
+    (experiments/plot_attention_distance.py). rel_k: the whole table (its window's rows are read), or None."""
     mask, empty_rows = attention_mask(q.shape[-2], k.shape[-2], key_padding_mask, causal, q_offset, q.device)
-    buckets = window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
+    buckets = None if rel_k is None else window.buckets(q.shape[-2], k.shape[-2], q_offset, q.device)
     rel_k = None if rel_k is None else window.cut(rel_k).to(q.dtype)
     return _weights(q, k, rel_k, buckets, mask, empty_rows, 1.0 / math.sqrt(q.shape[-1]))
 

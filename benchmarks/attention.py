@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.report import write_report
-from nmt.attention import MultiHeadAttention
-from nmt.edges import EdgeIndex
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.model import Transformer
+from nmt.modeling.attention import MultiHeadAttention
+from nmt.modeling.edges import EdgeIndex
+from nmt.modeling.transformer import Transformer
 from nmt.modes import Position
 from nmt.timing import time_interleaved
 

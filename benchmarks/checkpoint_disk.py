@@ -18,9 +18,9 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.report import write_report
-from nmt.checkpoint import WEIGHTS, save_checkpoint
+from nmt.checkpoints.checkpoint import WEIGHTS, save_checkpoint
 from nmt.experiment import preset_job
-from nmt.model import Transformer
+from nmt.modeling.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {"base": "paper_base", "big": "paper_big"}

@@ -22,12 +22,12 @@ import torch
 from benchmarks.report import write_report
 from nmt.config import SearchConfig
 from nmt.data.batching import pad_rows
-from nmt.decode import encode_lines, load_translator, translate_ids
+from nmt.decoding.decode import encode_lines, load_translator, translate_ids
+from nmt.decoding.search import Uncached
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.model import BOS, EOS, Transformer
+from nmt.modeling.transformer import BOS, EOS, Transformer
 from nmt.modes import Precision
 from nmt.runtime import autocast, autocast_dtype
-from nmt.search import Uncached
 from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent

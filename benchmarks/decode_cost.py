@@ -8,7 +8,7 @@ absolute positions, same sizes.
 The paper reports training speed only. Here, for each position mode (every mode with positions inside attention, and absolute), the same preset (random
 weights: a decoder step does the same work whatever the weights, and the output length is fixed here at --steps so
 both models take the same number of steps) decodes the first --sentences test sources (this project's vocabulary):
-- greedy and beam 4 (4 hypotheses per source, the cache reordered every step as nmt.search does), with the
+- greedy and beam 4 (4 hypotheses per source, the cache reordered every step as nmt.decoding.search does), with the
   incremental cache: sentences per second;
 - the time of each decoder step as the target grows (batch 64, greedy), to see whether the relative terms' cost
   grows with the prefix;
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.report import write_report
-from nmt.model import BOS, EOS, Transformer
+from nmt.modeling.transformer import BOS, EOS, Transformer
 from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ def cache_bytes(cache) -> int:
 def decode_steps(model: Transformer, src: torch.Tensor, steps: int, beam: int, step_times: list | None = None):
     """`steps` cached decoder steps for every source (beam > 1: beam hypotheses each, reordered every step)."""
     generator = torch.Generator().manual_seed(0)
-    cache = model.start(model.encode(src), src)  # the source side once per sentence, as nmt.search keeps it
+    cache = model.start(model.encode(src), src)  # the source side once per sentence, as nmt.decoding.search keeps it
     token = torch.full((src.shape[0] * beam, 1), BOS, device=src.device)
     base = torch.arange(0, src.shape[0] * beam, beam, device=src.device).repeat_interleave(beam)
     for _ in range(steps):

@@ -13,7 +13,7 @@ int8 under EXPORTS/, then:
 2. Chunks (relnmt, in one process, greedy, the sentences twice): nmt.translate's chunks sized by time against
    one chunk of everything (the fixed 5,000-line chunk before): total seconds and when the first lines came out.
 3. GEMM library (relnmt, in one process, one thread): the linear layers by PyTorch's BLAS (MKL) and by oneDNN
-   (nmt.cpu_linear; the default on x86 CPUs not made by Intel): identical lines and medians of seconds.
+   (nmt.decoding.cpu_linear; the default on x86 CPUs not made by Intel): identical lines and medians of seconds.
 4. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
    search (greedy, beam 4) x threads, the engines interleaved, --repeats each; medians, sentences/s, and each
    engine's time over relnmt's.
@@ -36,8 +36,8 @@ from sacrebleu.metrics import BLEU
 
 from benchmarks.report import write_report
 from nmt.config import SearchConfig
-from nmt.cpu_linear import onednn_preferred
-from nmt.decode import encode_lines, load_translator, translate_ids
+from nmt.decoding.cpu_linear import onednn_preferred
+from nmt.decoding.decode import encode_lines, load_translator, translate_ids
 from nmt.export import export
 from nmt.machine import machine
 from nmt.timing import time_interleaved
@@ -76,7 +76,7 @@ def agreement(checkpoint: str, exports: dict[str, Path], sources: list[str], ref
 
 
 def chunking(checkpoint: str, sources: list[str], repeats: int) -> dict:
-    from nmt import decode
+    from nmt.decoding import decode
 
     cpu = torch.device("cpu")
     model, vocab = load_translator(checkpoint, cpu)

@@ -166,8 +166,8 @@ def layer_against_torch_path(device, b, h, n, d, dtype, clip=16) -> dict:
     difference of the output and each gradient, relative to the PyTorch path's largest value."""
     import torch
 
-    from nmt.attention import relation_aware_attention
     from nmt.kernels.dispatch import AttentionBackend
+    from nmt.modeling.attention import relation_aware_attention
 
     g = torch.Generator(device=device).manual_seed(0)
     shapes = [(b, h, n, d)] * 3 + [(h, 2 * clip + 1, d)] * 2
@@ -196,7 +196,7 @@ def training_step_against_torch_path(device, model_overrides: list[str], amp_dty
 
     from nmt.experiment import preset_job
     from nmt.kernels.dispatch import AttentionBackend
-    from nmt.model import Transformer, model_cases
+    from nmt.modeling.transformer import Transformer, model_cases
     from nmt.runtime import autocast
 
     cfg = preset_job(*model_overrides, "model.dropout=0.0").model
@@ -356,7 +356,7 @@ def efficient_kernel_reached(device, dry: bool) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from nmt.experiment import preset_job
-    from nmt.model import Transformer
+    from nmt.modeling.transformer import Transformer
 
     allowed = [SDPBackend.MATH] if dry else [SDPBackend.EFFICIENT_ATTENTION]
     reached = {}

@@ -22,11 +22,11 @@ import torch.nn.functional as F
 
 from benchmarks.attention import D_MODEL, HEADS, TOKENS
 from benchmarks.report import write_report
-from nmt.attention import MultiHeadAttention
 from nmt.config import ModelConfig
-from nmt.edges import EdgeIndex
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.model import Transformer, self_attention_positions, stack_positions
+from nmt.modeling.attention import MultiHeadAttention
+from nmt.modeling.edges import EdgeIndex
+from nmt.modeling.transformer import Transformer, self_attention_positions, stack_positions
 from nmt.modes import Position
 from nmt.timing import time_interleaved
 

@@ -9,13 +9,13 @@ update only). Each figure is a median of interleaved repeats (nmt.timing) in one
 after the other:
 
 1. The whole update (forward, loss, backward, Adam), one change at a time: PyTorch's dropout, composite loss and
-   Adam loop (`pytorch`), relnmt's dropout and loss (nmt/dropout.py, nmt/loss.py), then Adam's fused step (today).
+   Adam loop (`pytorch`), relnmt's dropout and loss (nmt/modeling/dropout.py, nmt/training/loss.py), then Adam's fused step (today).
 2. Its parts, each isolated at the batch's shapes: the GEMMs (from 3), the loss forward and backward, the dropout
    sites outside attention forward and backward, Adam's step; the rest is the whole less the parts. The data (a
    batch cut and collated on the host) is timed too; the trainer's prefetch thread does it off the step's path.
 3. Each GEMM shape of the update and each direction (forward y = x W^T, input gradient dy W, weight gradient
    dy^T x) through MKL (torch.mm, PyTorch's float32 GEMM on a CPU) and through oneDNN
-   (torch.ops.mkldnn._linear_pointwise, what nmt/cpu_linear.py uses for decoding), operands already in the layout
+   (torch.ops.mkldnn._linear_pointwise, what nmt/decoding/cpu_linear.py uses for decoding), operands already in the layout
    each library wants (transposes not timed).
 """
 
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytorch_loss(logits, target, epsilon):
-    """The composite label-smoothed loss nmt/loss.py replaced (log_softmax, gather, mean, masked sums)."""
+    """The composite label-smoothed loss nmt/training/loss.py replaced (log_softmax, gather, mean, masked sums)."""
     log_probs = logits.float().log_softmax(-1)
     keep = target.ne(0)
     nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
@@ -45,7 +45,7 @@ def pytorch_loss(logits, target, epsilon):
 
 
 def pytorch_keep_mask(shape, p, device):
-    """The attention-probability mask the fused-free path drew before nmt/dropout.py: one float per element."""
+    """The attention-probability mask the fused-free path drew before nmt/modeling/dropout.py: one float per element."""
     return torch.empty(shape, device=device).uniform_() >= p, 1.0 / (1.0 - p)
 
 
@@ -55,9 +55,9 @@ class Variant:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp_dtype: torch.dtype | None):
         import nmt.kernels.torch_attention as torch_attention
-        from nmt.dropout import Dropout, keep_mask
-        from nmt.loss import smoothed_loss
+        from nmt.modeling.dropout import Dropout, keep_mask
         from nmt.runtime import autocast
+        from nmt.training.loss import smoothed_loss
 
         self.model, self.optimizer, self.attention, self.amp_dtype = model, optimizer, torch_attention, amp_dtype
         self.dropouts = [m for m in model.modules() if isinstance(m, nn.Dropout)]
@@ -99,8 +99,8 @@ def part_times(variant: Variant, batch, cfg, vocab: int, repeats: int, p: float 
     residuals, FFN hidden; forward and backward) and Adam's step over the model's parameters."""
     from torch.nn import functional as F
 
-    from nmt.dropout import dropout
-    from nmt.loss import smoothed_loss
+    from nmt.modeling.dropout import dropout
+    from nmt.training.loss import smoothed_loss
 
     (b, ns), nt = batch.src.shape, batch.tgt_in.shape[1]
     d, f, enc, dec = cfg.d_model, cfg.ffn_dim, cfg.encoder_layers, cfg.decoder_layers
@@ -197,7 +197,7 @@ def main() -> None:
     from nmt.experiment import compose_job
     from nmt.machine import machine
     from nmt.runtime import setup_env
-    from nmt.train import Trainer
+    from nmt.training.trainer import Trainer
 
     job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "train.device=cpu", f"train.precision={args.precision}",
                           f"train.max_tokens={args.max_tokens}", "train.update_freq=1", "train.compile=false",

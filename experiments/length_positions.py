@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from experiments.results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines
-from nmt.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.data.pipeline import open_prepared, prepare
 from nmt.data.vocab import Vocab
 from nmt.experiment import compose_job
@@ -40,7 +40,7 @@ def row_norms(checkpoint: Path) -> str:
     """Mean L2 norm of the position rows in spans of positions, and the training sentences reaching the span."""
     import torch
 
-    from nmt.checkpoint import load_checkpoint
+    from nmt.checkpoints.checkpoint import load_checkpoint
 
     weights = load_checkpoint(checkpoint)["model"]
     if "encoder_positions.weight" not in weights:

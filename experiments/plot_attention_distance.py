@@ -36,8 +36,8 @@ import torch
 
 from nmt.data.batching import pad_rows
 from nmt.data.readers import read_lines
-from nmt.decode import load_translator
-from nmt.model import BOS, EOS, PAD, stack_positions
+from nmt.decoding.decode import load_translator
+from nmt.modeling.transformer import BOS, EOS, PAD, stack_positions
 
 ROOT = Path(__file__).resolve().parent.parent
 

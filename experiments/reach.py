@@ -10,7 +10,7 @@ from 1..24 per sequence, so one model answers every distance and its accuracy ca
 Why this form: an encoder-only tagging task isolates what self-attention can locate (no decoder, no search); every
 query knows d from its own token, so a single layer can aim its attention at offset -d without first looking the
 distance up (a separate distance token would need a layer, or a head per offset, just to read it); and with random
-symbols nothing but position tells the right symbol from the others. The model is this project's encoder (nmt.model.Transformer.encode) with relative positions only
+symbols nothing but position tells the right symbol from the others. The model is this project's encoder (nmt.modeling.transformer.Transformer.encode) with relative positions only
 (model.position=relative, no sinusoids), a linear layer on each position's output, L layers and clipping
 distance k. With k, a layer tells apart the offsets -(k-1)..(k-1) and sees every key further left (or right) in one
 bucket; whatever reaches beyond that must come through depth.
@@ -66,7 +66,7 @@ class Tagger(torch.nn.Module):
     def __init__(self, layers: int, clip: int, vocab: int = VOCAB, outputs: int = SYMBOLS, **model):
         super().__init__()
         from nmt.config import ModelConfig
-        from nmt.model import Transformer
+        from nmt.modeling.transformer import Transformer
 
         cfg = ModelConfig(**{"encoder_layers": layers, "decoder_layers": 1, "d_model": 64, "heads": 4, "ffn_dim": 256,
                              "dropout": 0.0, "clip": clip, "position": "relative", **model})
@@ -99,7 +99,7 @@ def reach(accuracies: list[float]) -> int:
 def fit(model: torch.nn.Module, updates: int, next_loss) -> float:
     """Adam over `updates` updates of next_loss(model) (warmup over the first 10%, then the linear decay to 0, as
     every synthetic study here trains); the last loss."""
-    from nmt.optim import linear_decay_lr
+    from nmt.training.optim import linear_decay_lr
 
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
     for step in range(1, updates + 1):

@@ -172,7 +172,7 @@ def seed_paired(row: dict[int, dict], other: dict[int, dict], refs: list[str]) -
 def parameters(result: dict) -> int:
     """The row's parameter count, from the model config and vocabulary size its result records."""
     from nmt.config import ModelConfig
-    from nmt.model import Transformer, count_parameters
+    from nmt.modeling.transformer import Transformer, count_parameters
 
     return count_parameters(Transformer(ModelConfig(**result["config"]["model"]), result["config"]["data"]["vocab_size"]))
 

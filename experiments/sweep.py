@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 from experiments.grid import Cell, run_child, run_grid, write_record
+from nmt.checkpoints.folder_lock import take_lock
 from nmt.cli import ends_in_one_line
 from nmt.data.pipeline import prepare
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.experiment import compose_job, find_same_run, run_identity
-from nmt.folder_lock import take_lock
 from nmt.modes import Position
 from nmt.runtime import experiment_cpu_precision
 

@@ -17,12 +17,12 @@ from typing import Callable
 import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoint import load_checkpoint, numbered_checkpoints
+from nmt.checkpoints.checkpoint import load_checkpoint, numbered_checkpoints
 from nmt.cluster import requeue_after
 from nmt.config import ConfigError, DataConfig, SearchConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
-from nmt.decode import load_translator, translate_lines
+from nmt.decoding.decode import load_translator, translate_lines
 from nmt.errors import Stopped, UserError
 from nmt.machine import host, machine
 from nmt.run_names import defines_run

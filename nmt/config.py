@@ -58,13 +58,11 @@ class ModelConfig:
         require(self.ffn_dim >= 1, "model.ffn_dim", self.ffn_dim, ">= 1")
         require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         require(self.clip >= 0, "model.clip", self.clip, ">= 0")
-        if self.edge_buckets:  # a form of position=relative; the sizes' rule is the edge index's (nmt/edges.py)
-            from nmt.edges import bucket_rule
-
+        if self.edge_buckets:  # a form of position=relative; the rule on its sizes is the edge index's
+            from nmt.modeling.edges import bucket_rule  # here, not at the top: nmt.modeling imports this module
             require(self.position == Position.relative and bucket_rule(self.clip, self.edge_buckets) is None,
-                    "model.edge_buckets", self.edge_buckets, f"0, or (with position=relative, here "
-                    f"{self.position.value}) an even number >= 4 below 2 x model.clip={self.clip} (k, where the "
-                    "buckets' logarithmic spacing ends)")
+                    "model.edge_buckets", self.edge_buckets, f"0, or with position=relative (here {self.position.value})"
+                    f" an even number >= 4 below 2 x model.clip={self.clip} (k, where the logarithmic buckets end)")
         require(self.max_positions >= 1, "model.max_positions", self.max_positions, ">= 1")
         require(self.t5_buckets >= 4 and self.t5_buckets % 2 == 0, "model.t5_buckets", self.t5_buckets,
                 "an even number >= 4 (the encoder splits them between the two directions)")
@@ -151,7 +149,7 @@ class TrainConfig:
     max_steps: int = 100_000  # optimizer updates
     max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
-    # The trainer derives the accumulation from it (nmt/batch.py), so every launch form trains the same batch.
+    # The trainer derives the accumulation from it (nmt/training/batch.py), so every launch form trains the same batch.
     tokens_per_update: int = 0  # the recipe's batch: padded tokens per update, all devices (0: W x max_tokens x F)
     update_freq: Optional[int] = None  # micro-batches per update per device; null = derived (1 with no stated batch)
     save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)

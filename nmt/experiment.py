@@ -26,9 +26,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nmt.batch import micro_batches
 from nmt.cell import checkpoint_to_decode, decode_and_score
-from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoints.folder_lock import lock_folder
 from nmt.cli import ends_in_one_line, program_name
 from nmt.config import (
     DataConfig,
@@ -39,10 +39,10 @@ from nmt.config import (
     TrainJob,
     register_schemas,
 )
-from nmt.folder_lock import lock_folder
 from nmt.runtime import retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
 from nmt.train import run
+from nmt.training.batch import micro_batches
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 log = logging.getLogger("nmt.experiment")

@@ -36,12 +36,12 @@ from omegaconf import OmegaConf
 from nmt.cli import hydra_job
 from nmt.config import ExportJob, ModelConfig, register_schemas
 from nmt.data.vocab import BOS, EOS, UNK, Vocab
-from nmt.decode import EXPORTED_CONFIG, load_translator
+from nmt.decoding.decode import EXPORTED_CONFIG, load_translator
 from nmt.errors import UserError
-from nmt.model import Transformer
+from nmt.modeling.positions import ROPE_BASE
+from nmt.modeling.transformer import Transformer
 from nmt.modes import Norm, Position
 from nmt.outputs import remove_stale_temporaries, temporary_name
-from nmt.positions import ROPE_BASE
 
 log = logging.getLogger("nmt.export")
 

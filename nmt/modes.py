@@ -15,7 +15,7 @@ class Position(str, Enum):
     learned = "learned"  # learned absolute embeddings, one table each for encoder and decoder (BERT, fairseq's
     # --encoder-learned-pos): a row per position up to max_positions; rows past the longest training sentence stay
     # at their random initialization
-    # Shaw's descendants, in self-attention only like relative (nothing at the input; nmt/positions.py):
+    # Shaw's descendants, in self-attention only like relative (nothing at the input; nmt/modeling/positions.py):
     t5 = "t5"  # Raffel et al. 2020: a learned logit per (bucket of j - i, head), one table per stack
     alibi = "alibi"  # Press et al. 2022: the logit -m_h |i - j| (symmetric in the encoder), no parameters
     rope = "rope"  # Su et al. 2021: q and k rotated by position (interleaved pairs, base 10,000), no parameters

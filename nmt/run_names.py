@@ -2,7 +2,7 @@
 outputs/<model>_<data>[.<model overrides>] (configs/train.yaml's hydra.run.dir), a -m sweep's cell's
 multirun/<model>_<data>/<cell name> (hydra.sweep.dir and subdir), through the resolvers below: an ablation gets its
 own folder, never the preset's, and never resumes another run. RUN_EXTENSIONS and DATA_PLACES say which fields may
-change on a resume (nmt/resume.py) and stay out of a cell's name."""
+change on a resume (nmt/checkpoints/resume.py) and stay out of a cell's name."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
-
 # What only extends, observes or places a run: these train.* fields may differ when a folder's run is resumed
-# (nmt/resume.py) and stay out of a sweep cell's folder name (cell_name below). Every other field of model, optim and
+# (nmt/checkpoints/resume.py) and stay out of a sweep cell's folder name (cell_name below). Every other field of model, optim and
 # train defines the run, and so do the data (compared by what was prepared: nmt/data/pipeline.py's identity) and the
 # effective batch (W x max_tokens x F: the launch may change W and F, not their product).
 RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_minutes", "keep_last", "average_last",

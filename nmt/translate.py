@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from nmt.cli import hydra_job
 from nmt.config import DecodeJob, register_schemas
 from nmt.data.readers import DataError
-from nmt.decode import load_translator, translate_stream
+from nmt.decoding.decode import load_translator, translate_stream
 from nmt.errors import UserError
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.outputs import output_file

@@ -8,8 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from nmt import train
+from nmt.training import trainer
 
-real_open_prepared = train.open_prepared
+real_open_prepared = trainer.open_prepared
 
 
 def open_prepared(cfg):
@@ -21,6 +22,6 @@ def open_prepared(cfg):
 
 if __name__ == "__main__":
     assert os.environ.get("WORLD_SIZE") == "2"
-    train.open_prepared = open_prepared
+    trainer.open_prepared = open_prepared
     sys.argv.insert(1, f"--config-path={Path(train.__file__).resolve().parent.parent / 'configs'}")
     train.main()

@@ -5,9 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.attention import MultiHeadAttention, relation_aware_attention, relative_buckets
-from nmt.dropout import keep_mask
-from nmt.edges import EdgeIndex
+from nmt.modeling.attention import MultiHeadAttention, relation_aware_attention, relative_buckets
+from nmt.modeling.dropout import keep_mask
+from nmt.modeling.edges import EdgeIndex
 
 
 def literal_attention(q, k, v, rel_k, rel_v, clip, key_padding_mask=None, causal=False, q_offset=0, row=None):
@@ -180,7 +180,7 @@ def test_separate_key_and_value_tables():
 def test_edge_buckets_match_literal_equations(buckets, clip, shared, terms, causal):
     """model.edge_buckets: a_ij = w_{bucket(j - i)} with T5's buckets up to k, pair by pair, with padding and at
     a decoding offset; the expanded (2k+1)-row table (what the kernel and CTranslate2 read) gives the same."""
-    from nmt.positions import distance_rows
+    from nmt.modeling.positions import distance_rows
     from tests.test_positions import t5_bucket_reference
 
     g = torch.Generator().manual_seed(buckets + clip)
@@ -221,7 +221,7 @@ def test_edge_buckets_gradients_match_gradcheck(causal):
 def test_edge_buckets_are_exact_near_and_saturate_at_k():
     """16 buckets up to k = 40: the encoder's distances -3..3 each their own vector (exact below 16/4 = 4 each way),
     coarser with distance, every distance from k on in one vector per direction; the decoder's 0..7 exact."""
-    from nmt.positions import LogBuckets
+    from nmt.modeling.positions import LogBuckets
 
     encoder = LogBuckets(40, 16, causal=False).buckets(1, 121, 60, None)[0].tolist()  # distances -60..60
     at = lambda d: encoder[d + 60]  # noqa: E731
@@ -318,7 +318,7 @@ def test_self_attention_weights_are_the_ones_forward_uses(position, causal):
     """The weights reported for analysis, with the stack's positions (T5's and ALiBi's bias, RoPE's rotation, the
     edge tables), are the ones forward weighs the values with: forward's output = out_proj(alpha @ V)."""
     from nmt.config import ModelConfig
-    from nmt.model import self_attention_positions, stack_positions
+    from nmt.modeling.transformer import self_attention_positions, stack_positions
 
     torch.manual_seed(0)
     buckets = 8 if position == "edge_buckets" else 0

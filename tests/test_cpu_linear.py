@@ -2,8 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.cpu_linear import OneDNNLinear, linear, onednn_preferred, use_onednn
-from nmt.search import beam_search, greedy
+from nmt.decoding.cpu_linear import OneDNNLinear, linear, onednn_preferred, use_onednn
+from nmt.decoding.search import beam_search, greedy
 from tests.test_search import real_model, sources
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch built without oneDNN")
@@ -56,7 +56,7 @@ def test_onednn_is_preferred_only_off_intel(monkeypatch):
     import builtins
     import io
 
-    from nmt import cpu_linear
+    from nmt.decoding import cpu_linear
 
     real_open = builtins.open
     for vendor, expected in (("GenuineIntel", False), ("AuthenticAMD", True)):

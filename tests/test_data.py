@@ -12,7 +12,7 @@ from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
 from nmt.data.pipeline import drop_reason, prepare
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
-from nmt.model import BOS, EOS, PAD
+from nmt.modeling.transformer import BOS, EOS, PAD
 from tests.conftest import ROOT, local_config, multi30k_lines
 
 

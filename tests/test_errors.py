@@ -3,14 +3,14 @@
 
 import pytest
 
-from nmt.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.cli import ends_in_one_line
 from nmt.config import ConfigError
 from nmt.data.readers import DataError
 from nmt.errors import EXIT_STOPPED, EXIT_USER_ERROR, Stopped, UserError
 from nmt.export import NotExportable
-from nmt.optim import Diverged
 from nmt.train import TrainingStopped
+from nmt.training.optim import Diverged
 
 
 @pytest.mark.parametrize("error", [ConfigError, CheckpointError, DataError, NotExportable, Diverged])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nmt.config import ModelConfig, OptimConfig, SearchConfig, TrainConfig, TrainJob
-from nmt.decode import ExportedModel, encode_lines, load_translator, translate_ids
+from nmt.decoding.decode import ExportedModel, encode_lines, load_translator, translate_ids
 from nmt.export import export, refusal
 from nmt.modes import Position
 from nmt.train import run

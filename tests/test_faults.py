@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from nmt import checkpoint as checkpoint_module
-from nmt.checkpoint import LAST, PREVIOUS, WEIGHTS, CheckpointError, load_checkpoint, numbered_checkpoints
+from nmt.checkpoints import checkpoint as checkpoint_module
+from nmt.checkpoints.checkpoint import LAST, PREVIOUS, WEIGHTS, CheckpointError, load_checkpoint, numbered_checkpoints
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import DataError
-from nmt.train import EXIT_STOPPED, run
+from nmt.errors import EXIT_STOPPED
+from nmt.train import run
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 from tests.test_train import job
 
@@ -211,7 +212,7 @@ def test_damaged_prepared_data_is_found_at_open(prepared, damaged, damage, tmp_p
     from dataclasses import replace
 
     from nmt.runtime import setup_env
-    from nmt.train import Trainer
+    from nmt.training.trainer import Trainer
 
     target = {"truncated": "train.src.bin", "foreign ids": "train.tgt.bin", "missing index": "valid.src.idx",
               "other vocabulary": "spm.model"}[damage]

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoints.resume import check_same_data
 from nmt.data.batching import training_stream
 from nmt.data.pipeline import open_prepared, prepare, prepared_dir
 from nmt.data.readers import DataError
 from nmt.data.shards import ShardWriter
-from nmt.resume import check_same_data
 from tests.conftest import ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines, write
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -119,7 +119,7 @@ def test_an_empty_training_split_is_refused_and_never_waited_for(prepared, tmp_p
 
 def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
     from nmt.runtime import Env
-    from nmt.validate import Validator
+    from nmt.training.validate import Validator
 
     cfg = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))
     prepare(cfg)

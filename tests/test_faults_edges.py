@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from nmt.checkpoint import LAST, PREVIOUS, global_data_position, numbered_checkpoints
+from nmt.checkpoints.checkpoint import LAST, PREVIOUS, global_data_position, numbered_checkpoints
+from nmt.checkpoints.resume import first_disagreement
 from nmt.config import OptimConfig, TrainConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import file_digest
 from nmt.data.vocab import train_vocab
 from nmt.outputs import process_alive
-from nmt.resume import first_disagreement
 from nmt.train import run
 from tests.conftest import (
     ROOT,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments import grid, sweep
-from nmt.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.errors import EXIT_STOPPED, Stopped
 from nmt.experiment import RECORD, claim_folder, run_identity
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from nmt import decode
-from nmt.checkpoint import LAST, load_checkpoint
+from nmt.checkpoints.checkpoint import LAST, load_checkpoint
+from nmt.decoding import decode
+from nmt.errors import EXIT_STOPPED
 from nmt.runtime import AGAIN_AFTER_S, stop_signals
-from nmt.train import EXIT_STOPPED
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

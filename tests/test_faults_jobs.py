@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt import decode
 from nmt.config import SearchConfig
+from nmt.decoding import decode
 from nmt.run_names import model_overrides_suffix
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
@@ -145,8 +145,8 @@ def test_a_run_saved_before_a_model_field_existed_resumes_at_its_default(tmp_pat
 
     import torch
 
-    from nmt.checkpoint import CheckpointError
-    from nmt.resume import check_same_config
+    from nmt.checkpoints.checkpoint import CheckpointError
+    from nmt.checkpoints.resume import check_same_config
     from tests.conftest import micro_config
 
     model = {k: getattr(v, "value", v) for k, v in dataclasses.asdict(micro_config()).items()}

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from nmt import export as export_module
-from nmt.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from nmt.config import OptimConfig, TrainConfig, TrainJob
-from nmt.decode import load_translator
+from nmt.decoding.decode import load_translator
 from nmt.errors import UserError
 from nmt.export import export
 from nmt.train import run

@@ -9,11 +9,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from nmt.attention import relation_aware_attention  # noqa: E402
 from nmt.config import ConfigError  # noqa: E402
 from nmt.kernels import cases, dispatch, tiles  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
 from nmt.kernels.dispatch import AttentionBackend, KernelFallbackWarning  # noqa: E402
+from nmt.modeling.attention import relation_aware_attention  # noqa: E402
 from tests.test_kernels import DEVICE, DTYPE, ON_GPU, TOL, inputs, on_device  # noqa: E402
 
 
@@ -183,7 +183,7 @@ def test_ranks_adopt_a_case_only_if_it_passed_on_every_rank(tmp_path):
 def test_only_cases_the_dispatcher_can_send_are_self_tested(monkeypatch):
     """An fp32 CUDA run (or heads the kernel does not take) self-tests nothing: auto would never send those cases."""
     from nmt.config import ModelConfig
-    from nmt.model import model_cases
+    from nmt.modeling.transformer import model_cases
 
     tested = []
     monkeypatch.setattr(dispatch, "self_test", lambda case, device: tested.append(case))
@@ -211,7 +211,7 @@ def test_the_self_test_catches_a_wrong_gradient_with_a_right_output(monkeypatch)
     once did, and any gradient passed)."""
     from nmt.config import ModelConfig
     from nmt.kernels.dispatch import self_test
-    from nmt.model import model_cases
+    from nmt.modeling.transformer import model_cases
 
     real = kernel.relative_attention
 
@@ -230,7 +230,7 @@ def test_a_passed_case_that_is_slower_than_the_pytorch_path_is_not_adopted(monke
     kernel; the verdict names both times."""
     from nmt.config import ModelConfig
     from nmt.kernels.dispatch import slower_than_torch
-    from nmt.model import model_cases
+    from nmt.modeling.transformer import model_cases
 
     case = model_cases(ModelConfig(d_model=32, heads=2, clip=3), DTYPE, torch.device(DEVICE), training=False)[0]
     if not ON_GPU:  # compiled, the kernel may well be the faster one

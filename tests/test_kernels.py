@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("triton")
 ON_GPU = torch.cuda.is_available()
 
-from nmt.attention import relation_aware_attention  # noqa: E402
 from nmt.kernels import relative_attention as kernel  # noqa: E402
 from nmt.kernels.dispatch import AttentionBackend  # noqa: E402
 from nmt.kernels.window import EdgeWindow  # noqa: E402
+from nmt.modeling.attention import relation_aware_attention  # noqa: E402
 from tests.test_attention import literal_attention, make_inputs  # noqa: E402
 
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -158,7 +158,7 @@ def test_dropout_matches_a_reference_with_the_kernels_mask():
 
 def test_custom_op_is_traceable_without_graph_breaks():
     """torch.compile sees one opaque op with a fake (shape) implementation and a registered backward; the
-    dispatch in nmt.attention traces too."""
+    dispatch in nmt.modeling.attention traces too."""
     q, k, v, rk, rv = (t.requires_grad_(True) for t in on_device(*inputs(nq=6, nk=6, clip=2)))
     pad = torch.zeros(2, 6, dtype=torch.bool, device=DEVICE)
     pad[1, 4:] = True
@@ -175,7 +175,7 @@ def test_custom_op_is_traceable_without_graph_breaks():
 
 
 def micro_model(share_heads, backend=None, **model):
-    from nmt.model import Transformer
+    from nmt.modeling.transformer import Transformer
     from tests.conftest import micro_config
 
     torch.manual_seed(0)
@@ -188,7 +188,7 @@ def test_whole_model_through_the_kernel(share_heads, fields):
     """A Transformer's loss and gradients are the same through the kernel as through the CPU path, and its
     incremental decoding (one query at an offset, against the cache) equals teacher forcing; with edge buckets
     the kernel reads the expanded tables, the PyTorch path the N bucket rows."""
-    from nmt.model import BOS, PAD
+    from nmt.modeling.transformer import BOS, PAD
     from tests.test_model import incremental_logits
 
     g = torch.Generator().manual_seed(3)

@@ -1,9 +1,9 @@
-"""nmt/loss.py: the label-smoothed loss and its hand-written backward, against F.cross_entropy."""
+"""nmt/training/loss.py: the label-smoothed loss and its hand-written backward, against F.cross_entropy."""
 
 import pytest
 import torch
 
-from nmt.loss import smoothed_loss
+from nmt.training.loss import smoothed_loss
 
 
 def test_smoothed_loss_matches_cross_entropy():
@@ -19,7 +19,7 @@ def test_smoothed_loss_matches_cross_entropy():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_smoothed_loss_gradients_are_cross_entropys(dtype):
-    """nmt/loss.py's hand-written backward (softmax - eps / V - (1 - eps) onehot) against autograd through
+    """nmt/training/loss.py's hand-written backward (softmax - eps / V - (1 - eps) onehot) against autograd through
     F.cross_entropy, for any weights of the two outputs, padding included."""
     torch.manual_seed(0)
     logits = torch.randn(3, 6, 17, dtype=dtype, requires_grad=True)

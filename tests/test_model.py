@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nmt.model import BOS, PAD, Transformer, reorder
+from nmt.modeling.transformer import BOS, PAD, Transformer, reorder
 from nmt.modes import Norm, Position
 from tests.conftest import micro_config
 

@@ -1,15 +1,15 @@
-"""Shaw's descendants (nmt/positions.py) against their papers' definitions, written out here one pair at a time."""
+"""Shaw's descendants (nmt/modeling/positions.py) against their papers' definitions, written out here one pair at a time."""
 
 import math
 
 import pytest
 import torch
 
-from nmt.attention import MultiHeadAttention
 from nmt.config import ConfigError
-from nmt.model import BOS, PAD, Transformer, self_attention_positions, stack_positions
+from nmt.modeling.attention import MultiHeadAttention
+from nmt.modeling.positions import ALiBi, Rotary, T5Bias, alibi_slopes, rotate, rotation, t5_bucket
+from nmt.modeling.transformer import BOS, PAD, Transformer, self_attention_positions, stack_positions
 from nmt.modes import Position
-from nmt.positions import ALiBi, Rotary, T5Bias, alibi_slopes, rotate, rotation, t5_bucket
 from tests.conftest import micro_config
 
 VOCAB = 40
@@ -227,7 +227,7 @@ def test_decoding_builds_one_row_per_step_and_the_batch_is_broadcast(position):
 @pytest.mark.parametrize("position", [Position.relative, Position.none, *DESCENDANTS])
 def test_a_source_longer_than_any_table_encodes_and_translates(position):
     from nmt.config import SearchConfig
-    from nmt.decode import input_limit, translate_ids
+    from nmt.decoding.decode import input_limit, translate_ids
 
     net = model(position, max_positions=64)
     assert input_limit(net, 50) is None

@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 
-from nmt.model import BOS, EOS, PAD, Transformer
+from nmt.decoding.search import Uncached, beam_search, greedy, length_penalty
+from nmt.modeling.transformer import BOS, EOS, PAD, Transformer
 from nmt.modes import Position
-from nmt.search import Uncached, beam_search, greedy, length_penalty
 from tests.conftest import micro_config
 
 A, B_ = 4, 5  # two real tokens of the scripted model's vocabulary (0-3 are PAD, UNK, BOS, EOS)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from nmt import train as train_module
-from nmt.average import average_checkpoints, main_flags
-from nmt.checkpoint import (
+from nmt.average import main_flags
+from nmt.checkpoints.averaging import average_checkpoints
+from nmt.checkpoints.checkpoint import (
     LAST,
     PREVIOUS,
     CheckpointError,
@@ -24,10 +24,11 @@ from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
 from nmt.data.shards import EncodedSplit
-from nmt.loss import smoothed_loss
-from nmt.model import Transformer
-from nmt.optim import inverse_sqrt_lr, linear_decay_lr, make_optimizer, peak_lr, set_learning_rate
+from nmt.modeling.transformer import Transformer
 from nmt.train import run
+from nmt.training import trainer as train_module
+from nmt.training.loss import smoothed_loss
+from nmt.training.optim import inverse_sqrt_lr, linear_decay_lr, make_optimizer, peak_lr, set_learning_rate
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
 
 
@@ -140,7 +141,7 @@ def test_average_reads_one_checkpoint_at_a_time(tmp_path, monkeypatch):
     import gc
     import weakref
 
-    from nmt import average as average_module
+    from nmt.checkpoints import averaging as average_module
 
     paths = []
     for step in range(1, 6):
@@ -274,7 +275,7 @@ def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepare
     import torch._dynamo
 
     from nmt.data.batching import collate
-    from nmt.model import Transformer
+    from nmt.modeling.transformer import Transformer
 
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # reset() keeps the counters
     torch.manual_seed(0)
@@ -344,7 +345,7 @@ def test_hydra_sweep_gives_each_job_its_own_folder(prepared, tmp_path):
 
 
 def test_non_finite_weights_are_never_saved(tmp_path, caplog):
-    from nmt.checkpoint import save_training_state
+    from nmt.checkpoints.checkpoint import save_training_state
 
     state = {"model": {"w": torch.ones(3), "steps": torch.tensor([2])}, "step": 7}
     assert save_training_state(state, tmp_path, keep_last=2, resumable=5)
@@ -356,7 +357,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, caplog):
 @pytest.mark.parametrize("position", ["t5", "alibi", "rope"])
 def test_each_descendant_trains_validates_resumes_averages_and_translates(prepared, tmp_path, position):
     from nmt.config import SearchConfig
-    from nmt.decode import load_translator, translate_lines
+    from nmt.decoding.decode import load_translator, translate_lines
     from nmt.modes import Position
 
     def mode_job(out, steps):

@@ -34,8 +34,8 @@ def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
 
 
 def test_only_absolute_positions_limit_the_input():
-    from nmt.decode import encode_lines, input_limit
-    from nmt.model import Transformer
+    from nmt.decoding.decode import encode_lines, input_limit
+    from nmt.modeling.transformer import Transformer
 
     class Spaces:  # one id per word is enough for the limit
         def encode(self, lines):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from nmt import config
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoints.checkpoint import load_checkpoint, save_checkpoint
 from nmt.cli import flag_error, help_text, schema_fields
-from nmt.search import beam_search, beam_search_nbest
+from nmt.decoding.search import beam_search, beam_search_nbest
 from nmt.train import run
 from nmt.translate import count_lines
 from tests.conftest import ROOT

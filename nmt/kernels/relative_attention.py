@@ -251,7 +251,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
                        window: EdgeWindow, key_padding_mask: Tensor | None = None, causal: bool = False,
                        q_offset: int = 0, dropout_p: float = 0.0, seed: Tensor | None = None,
                        fallback: bool = True) -> Tensor:
-    """Eq. 3-5 like nmt.attention.relation_aware_attention, over the window's edge vectors of the (2k+1)-row
+    """Eq. 3-5 like nmt.modeling.attention.relation_aware_attention, over the window's edge vectors of the (2k+1)-row
     tables. At least one table must be given.
     seed: the dropout draw's (1,) int64 seed; by default drawn on the device (no host sync), and only when there
     is dropout (decoding and eval launch nothing for it)."""

@@ -16,15 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt.dropout import dropout, keep_mask
 from nmt.kernels.window import EdgeWindow
-from nmt.masks import attention_mask
+from nmt.modeling.dropout import dropout, keep_mask
+from nmt.modeling.masks import attention_mask
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,
                        window: EdgeWindow | None, key_padding_mask: Tensor | None = None, causal: bool = False,
                        q_offset: int = 0, dropout_p: float = 0.0) -> Tensor:
-    """Eq. 3-5 as nmt.attention.relation_aware_attention documents it; window None: no tables (plain attention)."""
+    """Eq. 3-5 as nmt.modeling.attention.relation_aware_attention documents it; window None: no tables (plain attention)."""
     nq, nk = q.shape[-2], k.shape[-2]
     mask, empty_rows = attention_mask(nq, nk, key_padding_mask, causal, q_offset, q.device)
     if window is None:

@@ -1,6 +1,6 @@
 """Eq. 3-4's a_ij = w_{clip(j - i, k)} for one call: the window of the 2k+1 edge vectors its queries and keys reach,
 cut once for both tables and both implementations. With k >= N (the paper's k = 256) the work stays O(N) edge
-vectors, not O(k). Which index a stack uses (this, or log-spaced buckets) is nmt/edges.py's EdgeIndex's to say.
+vectors, not O(k). Which index a stack uses (this, or log-spaced buckets) is nmt/modeling/edges.py's EdgeIndex's to say.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
 
 
 def relative_buckets(nq: int, nk: int, clip: int, q_offset: int = 0, device=None) -> Tensor:

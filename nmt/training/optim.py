@@ -9,8 +9,8 @@ import torch
 
 from nmt.config import OptimConfig
 from nmt.errors import UserError
+from nmt.modeling.positions import T5Bias
 from nmt.modes import Schedule
-from nmt.positions import T5Bias
 
 
 def peak_lr(d_model: int, warmup: int, scale: float = 1.0) -> float:

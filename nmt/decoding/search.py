@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from nmt.config import SearchConfig
-from nmt.model import BOS, EOS, PAD
+from nmt.modeling.transformer import BOS, EOS, PAD
 
 
 def length_penalty(length, alpha: float):
@@ -87,7 +87,7 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
     possible score is its log-probability divided by the penalty at the maximum length; with nbest > 1: its
     nbest-th best finished score, so the list is the search's exact n best), and then leaves
     the batch (OpenNMT-py's remove_finished_batches): the steps after it cost only the sentences still going.
-    The source side is computed once per sentence; its K hypotheses share it (nmt.model.DecoderCache).
+    The source side is computed once per sentence; its K hypotheses share it (nmt.modeling.transformer.DecoderCache).
     """
     k = beam
     if not 1 <= nbest <= beam:

@@ -1,4 +1,4 @@
-"""Position schemes other than Shaw et al.'s edge tables (those live with the attention core, nmt/attention.py).
+"""Position schemes other than Shaw et al.'s edge tables (those live with the attention core, nmt/modeling/attention.py).
 
 At the input: sinusoids (Vaswani et al. 2017) or a learned table, added to the embeddings (input_positions, the one
 factory). In self-attention, each a function of the
@@ -12,8 +12,8 @@ relative distance j - i (query i, key j) alone, built once per forward for a who
   Meta's LLaMA and CTranslate2's default (rotary_interleave), not the half-split c with c + D/2 of GPT-NeoX and
   Hugging Face's LLaMA.
 
-nmt/model.py chooses the scheme once (self_attention_positions); each returns a StackPositions that the stack's
-self-attention layers read (nmt/attention.py).
+nmt/modeling/transformer.py chooses the scheme once (self_attention_positions); each returns a StackPositions that the stack's
+self-attention layers read (nmt/modeling/attention.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
-from nmt.masks import attention_mask
+from nmt.modeling.masks import attention_mask
 from nmt.modes import Position
 
 ROPE_BASE = 10_000.0
@@ -98,7 +98,7 @@ def distance_rows(clip: int, num_buckets: int, causal: bool, device=None) -> Ten
 class LogBuckets:
     """Shaw's edge vectors read through T5's buckets of j - i up to clip (model.edge_buckets; bidirectional unless
     causal): the window the PyTorch attention path takes (nmt/kernels/window.py's EdgeWindow interface), every
-    row of the table in use. nmt/edges.py's EdgeIndex builds it and holds the rule on its sizes."""
+    row of the table in use. nmt/modeling/edges.py's EdgeIndex builds it and holds the rule on its sizes."""
 
     clip: int
     num_buckets: int

@@ -8,16 +8,16 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from nmt.attention import KV, MultiHeadAttention
 from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
-from nmt.dropout import Dropout
-from nmt.edges import EdgeIndex
 from nmt.kernels.cases import Case
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block
+from nmt.modeling.attention import KV, MultiHeadAttention
+from nmt.modeling.dropout import Dropout
+from nmt.modeling.edges import EdgeIndex
+from nmt.modeling.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, input_positions
 from nmt.modes import Norm, Position
-from nmt.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, input_positions
 
 
 class FeedForward(nn.Sequential):
@@ -40,7 +40,7 @@ class Sublayer(nn.Module):
 
 
 def self_attention_positions(cfg: ModelConfig, causal: bool) -> nn.Module | None:
-    """The one switch over the self-attention schemes of nmt/positions.py: what a stack (encoder: causal=False)
+    """The one switch over the self-attention schemes of nmt/modeling/positions.py: what a stack (encoder: causal=False)
     builds once per forward for its layers; None for the modes whose positions are edge tables or at the input."""
     if cfg.position == Position.t5:
         return T5Bias(cfg.heads, cfg.t5_buckets, cfg.t5_max_distance, causal)
@@ -173,7 +173,7 @@ class Transformer(nn.Module):
         nn.init.normal_(self.embed.weight, 0.0, cfg.d_model**-0.5)
         nn.init.zeros_(self.embed.weight[PAD])
         self.embed_dropout = Dropout(cfg.dropout)
-        self.output_linear = tied_output  # the output projection's GEMM (nmt.cpu_linear swaps it for decoding)
+        self.output_linear = tied_output  # the output projection's GEMM (nmt.decoding.cpu_linear swaps it for decoding)
         edges = edge_index(cfg, causal=False)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, backend, edges) for _ in range(cfg.encoder_layers))
         edges = edge_index(cfg, causal=True)

@@ -17,9 +17,9 @@ from nmt.data.pipeline import Prepared
 from nmt.data.readers import read_lines
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
-from nmt.decode import translate_lines
-from nmt.loss import smoothed_loss
+from nmt.decoding.decode import translate_lines
 from nmt.runtime import Env, autocast
+from nmt.training.loss import smoothed_loss
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
 """The decoding library that nmt.translate, validation and the experiments share: load a checkpoint, cut over-long
-lines, batch by length, search (nmt.search), and give one output per input in input order."""
+lines, batch by length, search (nmt.decoding.search), and give one output per input in input order."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt.checkpoint import CheckpointError, load_checkpoint, non_finite
+from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint, non_finite
 from nmt.config import SearchConfig, model_config_from_dict
-from nmt.cpu_linear import onednn_preferred, use_onednn
 from nmt.data.batching import pad_rows
 from nmt.data.vocab import Vocab
+from nmt.decoding.cpu_linear import onednn_preferred, use_onednn
+from nmt.decoding.search import Hypothesis, beam_search_nbest, greedy
 from nmt.kernels.dispatch import AttentionBackend
-from nmt.model import EOS, Transformer
+from nmt.modeling.transformer import EOS, Transformer
 from nmt.modes import Precision
 from nmt.progress import ProgressBar
-from nmt.search import Hypothesis, beam_search_nbest, greedy
 
 log = logging.getLogger("nmt.translate")
 
@@ -53,7 +53,7 @@ class ExportedModel:
                                                  compute_type=COMPUTE_TYPES[precision], intra_threads=threads)
 
     def search_ids(self, ids: list[list[int]], search: SearchConfig, nbest: int = 1) -> list[list[Hypothesis]]:
-        """As nmt.decode.search_ids; the scores are CTranslate2's (its own length penalty)."""
+        """As nmt.decoding.decode.search_ids; the scores are CTranslate2's (its own length penalty)."""
         rows = [i for i, row in enumerate(ids) if row]
         outputs: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * nbest for _ in ids]
         if not rows:
@@ -74,7 +74,7 @@ def load_translator(checkpoint: str | Path, device: torch.device, backend: Atten
                     ) -> tuple[Transformer | ExportedModel, Vocab]:
     """A relnmt checkpoint, or a directory that nmt.export wrote (run by CTranslate2 in `precision`).
 
-    onednn: a checkpoint's linear layers run by oneDNN on a CPU (nmt.cpu_linear); None: where it is the faster
+    onednn: a checkpoint's linear layers run by oneDNN on a CPU (nmt.decoding.cpu_linear); None: where it is the faster
     library (x86 CPUs not made by Intel)."""
     exported = Path(checkpoint)
     if exported.is_dir():

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from nmt.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.runtime import Env, broadcast_flag
 
 log = logging.getLogger(__name__)

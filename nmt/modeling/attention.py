@@ -9,7 +9,7 @@ or, with model.edge_buckets=N, a_ij = w_{bucket(j - i)}: N edge vectors by T5's 
 Two implementations compute it, never materializing the (N, N, D) tensors of the paper's formulation:
 nmt/kernels/torch_attention.py (the PyTorch path: CPUs, the reference) and nmt/kernels/relative_attention.py (one
 flash-style Triton kernel on CUDA: O(N) memory). nmt/kernels/dispatch.py chooses, once per job and per case;
-nmt/edges.py's EdgeIndex says which edge vector each pair reads, and what each implementation is given.
+nmt/modeling/edges.py's EdgeIndex says which edge vector each pair reads, and what each implementation is given.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from nmt.edges import EdgeIndex
 from nmt.kernels import torch_attention
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.kernels.window import relative_buckets  # noqa: F401 (the index of Eq. 3-4, part of this API)
-from nmt.positions import NO_POSITIONS, Rotation, StackPositions, rotate
+from nmt.modeling.edges import EdgeIndex
+from nmt.modeling.positions import NO_POSITIONS, Rotation, StackPositions, rotate
 
 
 def relation_aware_attention(
@@ -44,7 +44,7 @@ def relation_aware_attention(
 
     rel_k, rel_v: None, (R, D) shared across heads, or (H, R, D) per head; R = 2k+1 edge vectors, or edge_buckets.
     edge_buckets: 0 for a_ij = w_{clip(j - i, k)}; N for a_ij = w_{bucket(j - i)}, N log-spaced buckets up to k
-    (bidirectional unless causal). clip and edge_buckets make the call's EdgeIndex (nmt/edges.py).
+    (bidirectional unless causal). clip and edge_buckets make the call's EdgeIndex (nmt/modeling/edges.py).
     key_padding_mask: (B, Nk) bool, True = padding. A query with no visible key outputs 0.
     q_offset: absolute position of the first query (incremental decoding: Nq=1, q_offset=t).
     backend: may send the call to the fused kernel (nmt/kernels/dispatch.py); None = the PyTorch path.
@@ -101,7 +101,7 @@ class KV:
 class MultiHeadAttention(nn.Module):
     """Projections, optional edge tables (a^K, a^V) and the attention core.
 
-    edges: the stack's edge index (nmt/edges.py); None: no edge tables (cross-attention, positions elsewhere).
+    edges: the stack's edge index (nmt/modeling/edges.py); None: no edge tables (cross-attention, positions elsewhere).
     """
 
     def __init__(
@@ -168,7 +168,7 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """x (B, Nq, d_model) attends to precomputed kv -> (B, Nq, d_model).
 
-        positions: what the stack's position scheme built for this forward (nmt/positions.py): rotary angles for
+        positions: what the stack's position scheme built for this forward (nmt/modeling/positions.py): rotary angles for
         the queries, or an additive bias that already holds the padding and causal masks."""
         q = self.split_heads(self.q_proj(x))  # (B, H, Nq, D)
         if positions.rotation is not None:

@@ -1,6 +1,7 @@
 """Checkpoints: the file format (atomic save, safe load with weights_only), the rotation of a run's files, the lookup
-of the newest usable state, and a training run's saves from every rank (Checkpointer). Averaging is nmt/average.py,
-the folder lock nmt/folder_lock.py, the checks that a resumed run is the same run nmt/resume.py.
+of the newest usable state, and a training run's saves from every rank (Checkpointer). Averaging is
+nmt/checkpoints/averaging.py, the folder lock nmt/checkpoints/folder_lock.py, the checks that a resumed run is the
+same run nmt/checkpoints/resume.py.
 
 A checkpoint is a dict of tensors and plain containers. What a run writes in its output folder:
 - checkpoint_<update>.pt: what averaging and decoding need, "model" (state_dict), "config" (resolved, plain),

@@ -1,11 +1,11 @@
 """Which edge vector each (query i, key j) pair reads in relation-aware self-attention (Shaw et al. 2018, Eq. 3-4):
-the one home of that rule. nmt/model.py builds one EdgeIndex per stack from the mode; attention (nmt/attention.py),
+the one home of that rule. nmt/modeling/transformer.py builds one EdgeIndex per stack from the mode; attention (nmt/modeling/attention.py),
 the fused kernel's inputs and the export (nmt/export.py) ask it and never look at the mode themselves.
 
 - Shaw's clip: a_ij = w_{clip(j - i, k)}, 2k+1 vectors. A call reaches only the window of distances its lengths
   span (nmt/kernels/window.py's EdgeWindow): O(N) vectors even at the paper's k = 256.
 - model.edge_buckets=N: a_ij = w_{bucket(j - i)}, N vectors indexed by T5's log-spaced buckets of j - i up to k
-  (nmt/positions.py's LogBuckets; bidirectional in the encoder, causal in the decoder). bucket(d) saturates at
+  (nmt/modeling/positions.py's LogBuckets; bidirectional in the encoder, causal in the decoder). bucket(d) saturates at
   |d| = k, so the table expanded to the 2k+1 distances is an ordinary clipped table: what the fused kernel and
   CTranslate2 read.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from nmt.kernels.window import EdgeWindow
-from nmt.positions import LogBuckets, distance_rows
+from nmt.modeling.positions import LogBuckets, distance_rows
 
 
 def bucket_rule(clip: int, buckets: int) -> str | None:

@@ -8,13 +8,13 @@ from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
-from nmt.batch import effective_tokens, micro_batches
-from nmt.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.config import ModelConfig, OptimConfig, TrainConfig
 from nmt.data.pipeline import Prepared
 from nmt.data.readers import DataError
 from nmt.run_names import defines_run
 from nmt.runtime import Env, all_gather
+from nmt.training.batch import effective_tokens, micro_batches
 
 
 def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path) -> None:

@@ -1,6 +1,6 @@
 """What each query may see: the keys hidden by padding and, in the decoder, by causality. One mask for the PyTorch
 attention path (nmt/kernels/torch_attention.py) and for the position biases that fold it in once per stack
-(nmt/positions.py)."""
+(nmt/modeling/positions.py)."""
 
 from __future__ import annotations
 

@@ -118,10 +118,10 @@ def model_steps(preset: str, device, dtype):
     src = torch.randint(4, 8000, (32, 48), device=device)
     tgt = torch.randint(4, 8000, (32, 49), device=device)
     steps = {}
-    variants = {"relative": replace(cfg, position=Position.relative),
-                "absolute": replace(cfg, position=Position.absolute),
+    variants = {Position.relative.value: replace(cfg, position=Position.relative),
+                Position.absolute.value: replace(cfg, position=Position.absolute),
                 "shared": replace(cfg, position=Position.relative, share_heads=True),  # one edge table per layer
-                "learned": replace(cfg, position=Position.learned)}
+                Position.learned.value: replace(cfg, position=Position.learned)}
     for name, variant in variants.items():
         torch.manual_seed(0)
         model = Transformer(variant, 8000, AttentionBackend("auto")).to(device=device, dtype=dtype)
@@ -198,10 +198,11 @@ def main():
     print("preset  relative ms  absolute ms  shared ms  learned ms  rel/abs  shared/rel  learned/abs")
     for preset in ("tiny", "base"):
         t = time_interleaved(model_steps(preset, device, dtype), args.model_repeats, device)
-        ratio = t["relative"] / t["absolute"]
+        relative, absolute = t[Position.relative.value], t[Position.absolute.value]
+        ratio = relative / absolute
         report["model"].append({"preset": preset, "ms": {k: v * 1e3 for k, v in t.items()}, "rel_over_abs": ratio,
-                                "shared_over_rel": t["shared"] / t["relative"],
-                                "learned_over_abs": t["learned"] / t["absolute"]})
+                                "shared_over_rel": t["shared"] / relative,
+                                "learned_over_abs": t[Position.learned.value] / absolute})
         print(f"{preset:6s} {t['relative'] * 1e3:12.1f} {t['absolute'] * 1e3:12.1f} {t['shared'] * 1e3:10.1f} "
               f"{t['learned'] * 1e3:11.1f} {ratio:8.3f} {t['shared'] / t['relative']:11.3f} "
               f"{t['learned'] / t['absolute']:12.3f}")

@@ -29,7 +29,10 @@ import torch
 
 from benchmarks.report import write_report
 from nmt.modeling.transformer import BOS, EOS, Transformer
+from nmt.modes import Position
 from nmt.timing import time_interleaved
+
+ABSOLUTE = Position.absolute.value  # the baseline every mode's decoding is compared with
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,7 +90,7 @@ def markdown(report: dict) -> str:
     lines = [f"| mode | greedy sent/s (time × absolute) | beam 4 sent/s (time × absolute) | {head} | cache MiB |",
              "|---|---|---|" + "---|" * len(windows) + "---|"]
     for position in (p for p in report if isinstance(report[p], dict) and "step_ms_by_target_length" in report[p]):
-        r, ab = report[position], report["absolute"]
+        r, ab = report[position], report[ABSOLUTE]
         ms = [statistics.mean(r["step_ms_by_target_length"][lo - 1:hi]) for lo, hi in windows]
         lines.append(f"| {position} | {r['greedy_sentences_per_s']:.1f} "
                      f"({ab['greedy_sentences_per_s'] / r['greedy_sentences_per_s']:.2f}) | "
@@ -103,7 +106,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--positions", nargs="+", default=["relative", "absolute", "t5", "alibi", "rope"])
+    parser.add_argument("--positions", nargs="+", choices=[p.value for p in Position],
+                        default=[p.value for p in (Position.relative, Position.absolute, Position.t5, Position.alibi,
+                                                   Position.rope)])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--output", default="results/decode_cost.json")
     parser.add_argument("--report", type=Path, help="print the table of this earlier run's JSON and stop")
@@ -121,7 +126,7 @@ def main() -> None:
     device = torch.device(args.device)
     src, vocab_size = sources(args.sentences, device)
     models = {}
-    for position in dict.fromkeys(["absolute", *args.positions]):
+    for position in dict.fromkeys([ABSOLUTE, *args.positions]):
         torch.manual_seed(0)
         cfg = preset_job(f"model={args.preset}", f"model.position={position}").model
         models[position] = Transformer(cfg, vocab_size, AttentionBackend("auto")).to(device).eval()
@@ -141,7 +146,7 @@ def main() -> None:
     report = {"preset": args.preset, "sentences": args.sentences, "steps": args.steps, "device": args.device,
               "threads": args.threads, "repeats": args.repeats, "command": "python -m benchmarks.decode_cost "
               f"--preset {args.preset} --sentences {args.sentences} --steps {args.steps} --repeats {args.repeats}"
-              + ("" if args.positions == ["relative", "absolute"] else " --positions " + " ".join(args.positions))}
+              + ("" if args.positions == [Position.relative.value, ABSOLUTE] else " --positions " + " ".join(args.positions))}
     for position, model in models.items():
         report[position] = {
             "greedy_sentences_per_s": args.sentences / seconds[(position, 1)],
@@ -150,7 +155,7 @@ def main() -> None:
             "cache_mib_batch64_beam1": cache_bytes(decode_steps(model, src[:64], args.steps, 1)) / 2**20,
             "parameters": sum(p.numel() for p in model.parameters()),
         }
-    ab = report["absolute"]
+    ab = report[ABSOLUTE]
     report["over_absolute"] = {position: {
         "greedy_time": ab["greedy_sentences_per_s"] / r["greedy_sentences_per_s"],
         "beam4_time": ab["beam4_sentences_per_s"] / r["beam4_sentences_per_s"],
@@ -159,7 +164,7 @@ def main() -> None:
         "step_time_last_10": statistics.mean(r["step_ms_by_target_length"][-10:])
         / statistics.mean(ab["step_ms_by_target_length"][-10:]),
         "cache_memory": r["cache_mib_batch64_beam1"] / ab["cache_mib_batch64_beam1"],
-    } for position, r in ((p, report[p]) for p in models) if position != "absolute"}
+    } for position, r in ((p, report[p]) for p in models) if position != ABSOLUTE}
     for position in models:
         r = report[position]
         print(f"{position:8s} greedy {r['greedy_sentences_per_s']:7.1f} sent/s  beam4 {r['beam4_sentences_per_s']:7.1f} "

@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu_check import ROOT, write_json
+from nmt.modes import Position
+
+DESCENDANT_BIASES = tuple(p.value for p in (Position.t5, Position.alibi, Position.rope))  # Shaw's descendants
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense, from the vendors' data sheets
 MICRO_MODEL = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
@@ -343,7 +346,7 @@ def layer(a: Answers, dry: bool, work: Path) -> None:
             return {mode: times[mode] / times["sdpa"] for mode in times if mode != "sdpa"}
 
         row = a.attempt(f"modes n={n}", measure_modes)
-        if "t5" in row:
+        if Position.t5.value in row:
             ratios.append(f"n={n} modes/SDPA " + " ".join(f"{m} {r:.2f}" for m, r in row.items()))
     a.attempt("bias modes reach the memory-efficient kernel", efficient_kernel_reached, device, dry)
     a["headline"] = "layer fwd+bwd, d 512, 8 heads, k 16, 1,536 tokens: " + "; ".join(ratios)
@@ -360,7 +363,7 @@ def efficient_kernel_reached(device, dry: bool) -> dict:
 
     allowed = [SDPBackend.MATH] if dry else [SDPBackend.EFFICIENT_ATTENTION]
     reached = {}
-    for position in ("t5", "alibi"):
+    for position in (Position.t5.value, Position.alibi.value):
         model = Transformer(preset_job("model=base", f"model.position={position}").model, 8000).to(device)
         src = torch.randint(4, 8000, (16, 37), device=device)
         src[3, 20:] = 0  # padding: the encoder's bias is (B, H, N, N)
@@ -385,7 +388,7 @@ def step(a: Answers, dry: bool, work: Path) -> None:
     peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in torch.cuda.get_device_name()), None) \
         if not dry else None
     preset, precision, tokens, steps = ("tiny", "fp32", 512, 2) if dry else ("base", "bf16", 25000, 20)
-    configs = [(position, compiled) for compiled in (False, True) for position in ("relative", "absolute")]
+    configs = [(position, compiled) for compiled in (False, True) for position in (Position.relative.value, Position.absolute.value)]
     if dry:
         a.not_done("compiled configurations ran eager in the dry run (an inductor compile takes minutes on 2 cores)")
     rows = {}
@@ -401,7 +404,7 @@ def step(a: Answers, dry: bool, work: Path) -> None:
         torch._dynamo.reset()  # a compiled model's graphs hold its memory
         gc.collect()
         empty_cache()
-    for position in ("t5", "alibi", "rope"):  # Shaw's descendants, eager: last, so a stage at its limit loses only them
+    for position in DESCENDANT_BIASES:  # Shaw's descendants, eager: last, so a stage at its limit loses only them
         row = a.attempt(f"{preset} {position} eager", bench.measure, preset, position, steps if dry else 10,
                         device.type, precision, tokens, False, 1 if dry else 0)
         absolute = rows.get(f"{preset} absolute eager", {})
@@ -417,7 +420,7 @@ def step(a: Answers, dry: bool, work: Path) -> None:
                          + (f", MFU {rel['mfu']:.0%}" if "mfu" in rel else "")
                          + (f", {rel['host_syncs_per_update']:g} host syncs/update"
                             if rel.get("host_syncs_per_update") is not None else "") + ")")
-    parts += [f"{p}/abs eager {a.values[f'{p}_over_absolute_eager']:.3f}" for p in ("t5", "alibi", "rope")
+    parts += [f"{p}/abs eager {a.values[f'{p}_over_absolute_eager']:.3f}" for p in DESCENDANT_BIASES
               if f"{p}_over_absolute_eager" in a.values]
     a["headline"] = f"{preset} step at {tokens:,} tokens: " + "; ".join(parts)
 

@@ -31,7 +31,8 @@ from nmt.modes import Position
 from nmt.timing import time_interleaved
 
 SIZES = (32, 64, 128, 256, 512, 1024)
-LAYER_MODES = ("sdpa", "relative", "t5", "alibi", "rope")
+# one layer with each self-attention scheme, and plain SDPA: the cost of the scheme alone
+LAYER_MODES = ("sdpa", *(p.value for p in (Position.relative, Position.t5, Position.alibi, Position.rope)))
 
 
 def layer_steps(n: int, device, dtype, backward: bool = True) -> dict:
@@ -41,7 +42,7 @@ def layer_steps(n: int, device, dtype, backward: bool = True) -> dict:
     steps = {}
     for mode in LAYER_MODES:
         torch.manual_seed(0)
-        relative = mode == "relative"
+        relative = mode == Position.relative.value
         layer = MultiHeadAttention(D_MODEL, HEADS, edges=EdgeIndex(cfg.clip) if relative else None,
                                    backend=AttentionBackend("auto") if relative else None)
         position = Position(mode) if mode != "sdpa" else Position.none
@@ -117,7 +118,7 @@ def main():
     print(f"\ntiny training step (batch 32 x 48 tokens), median of {args.model_repeats}, / absolute")
     t = time_interleaved(model_steps(device, dtype), args.model_repeats, device)
     for position, seconds in t.items():
-        report["model"][position] = {"ms": seconds * 1e3, "over_absolute": seconds / t["absolute"]}
+        report["model"][position] = {"ms": seconds * 1e3, "over_absolute": seconds / t[Position.absolute.value]}
         print(f"{position:9s} {seconds * 1e3:8.1f} ms  {seconds / t['absolute']:6.3f}")
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks.report import write_report
+from nmt.modes import Position
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -140,7 +141,7 @@ def main() -> None:
           f"{args.rounds} rounds, max_tokens {args.max_tokens}")
     print("preset  position   step s   target tok/s   peak MiB   TFLOP/s    MFU   trainer tok/s  trainer/step")
     for preset in args.presets:
-        runs = {"relative": [], "absolute": []}
+        runs = {Position.relative.value: [], Position.absolute.value: []}
         for _ in range(args.rounds):
             for position in runs:
                 done = subprocess.run([sys.executable, "-m", "benchmarks.train", "--worker", preset, position, "--steps",
@@ -165,8 +166,8 @@ def main() -> None:
             print(f"{preset:6s}  {position:9s} {s['step_s']:7.3f} {s['target_tokens_per_s']:13.0f} "
                   f"{s['peak_mib']:10.0f} {s['tflop_s']:9.2f} {s.get('mfu', float('nan')):6.1%} "
                   f"{s['trainer_tokens_per_s']:14.0f} {s['trainer_tokens_per_s'] / s['target_tokens_per_s']:12.3f}")
-        ratio = summary["relative"]["step_s"] / summary["absolute"]["step_s"]
-        memory = summary["relative"]["peak_mib"] / summary["absolute"]["peak_mib"]
+        relative, absolute = summary[Position.relative.value], summary[Position.absolute.value]
+        ratio, memory = relative["step_s"] / absolute["step_s"], relative["peak_mib"] / absolute["peak_mib"]
         print(f"{preset:6s}  relative/absolute: time {ratio:.3f}, peak memory {memory:.3f}")
         report["rows"].append({"preset": preset, **summary, "time_ratio": ratio, "memory_ratio": memory})
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -46,12 +46,13 @@ import torch
 import torch.nn.functional as F
 
 from experiments.grid import Cell, read_records, run_grid, write_record
+from experiments.modes import ABSOLUTE, ALIBI, BUCKETS, NONE, RELATIVE, ROPE, T5
 from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit, offset_symbols
 from experiments.shortcuts import shortcut_shares
 from nmt.cli import ends_in_one_line
 from nmt.machine import host
 
-MODES = ["relative:2", "relative:8", "relative:16", "buckets:128", "t5", "alibi", "rope", "absolute", "none"]
+MODES = [f"{RELATIVE}:2", f"{RELATIVE}:8", f"{RELATIVE}:16", f"{BUCKETS}:128", T5, ALIBI, ROPE, ABSOLUTE, NONE]
 EDGE_BUCKETS = 32  # buckets:K: Shaw's edge vectors read by 32 of T5's log-spaced buckets up to K
 EVAL_LENGTHS = [LENGTH, 2 * LENGTH, 4 * LENGTH, 8 * LENGTH]
 PER_DISTANCE = 128
@@ -64,8 +65,8 @@ OUTPUTS = {"offset": Path("results/extrapolate"), "repeat": Path("results/extrap
 def model_for(mode: str, layers: int, task: str = "offset") -> Tagger:
     position, _, clip = mode.partition(":")
     sizes = {"vocab": FIRST_TOKEN + 2 * REPEAT_SYMBOLS, "outputs": REPEAT_SYMBOLS} if task == "repeat" else {}
-    if position == "buckets":
-        return Tagger(layers, int(clip or 128), position="relative", edge_buckets=EDGE_BUCKETS, **sizes)
+    if position == BUCKETS:
+        return Tagger(layers, int(clip or 128), position=RELATIVE, edge_buckets=EDGE_BUCKETS, **sizes)
     return Tagger(layers, int(clip or 16), position=position, **sizes)
 
 

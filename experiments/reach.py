@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from experiments.grid import Cell, read_records, run_grid, write_record
 from nmt.cli import ends_in_one_line
 from nmt.machine import host
+from nmt.modes import Position
 
 SYMBOLS, MAX_DISTANCE, LENGTH = 16, 24, 40  # random symbols, distances 1..24, symbols per sequence
 FIRST_TOKEN = 4  # ids 0-3 are PAD, UNK, BOS, EOS (nmt.data.vocab)
@@ -69,7 +70,7 @@ class Tagger(torch.nn.Module):
         from nmt.modeling.transformer import Transformer
 
         cfg = ModelConfig(**{"encoder_layers": layers, "decoder_layers": 1, "d_model": 64, "heads": 4, "ffn_dim": 256,
-                             "dropout": 0.0, "clip": clip, "position": "relative", **model})
+                             "dropout": 0.0, "clip": clip, "position": Position.relative.value, **model})
         self.transformer = Transformer(cfg, vocab)
         self.out = torch.nn.Linear(64, outputs)
 

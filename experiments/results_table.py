@@ -31,6 +31,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from experiments.modes import ABSOLUTE, ALIBI, BOTH, BUCKETS, DESCENDANTS, LEARNED, NONE, RELATIVE, ROPE, T5
 from experiments.significance import holm, p_cell, seed_p, verdict
 from nmt.score import tokenized_bleu_of
 
@@ -49,11 +50,10 @@ REFERENCE = {
     "table1": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute"},
     "table2": {f"k{k}": "k16" for k in (0, 1, 2, 4, 64)},
     "table3": {"key": "key+value", "value": "key+value", "neither": "key+value"},
-    "length": {"relative": "absolute",
-               **{row: ("absolute", "relative") for row in ("learned", "t5", "alibi", "rope", "buckets")}},
+    "length": {RELATIVE: ABSOLUTE, **{row: (ABSOLUTE, RELATIVE) for row in (LEARNED, T5, ALIBI, ROPE, BUCKETS)}},
     "descendants": {**{f"{pair}.relative": f"{pair}.absolute" for pair in ("en-de", "en-fr")},
                     **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then Shaw
-                       for pair in ("en-de", "en-fr") for row in ("learned", "both", "none", "t5", "alibi")},
+                       for pair in ("en-de", "en-fr") for row in (LEARNED, BOTH, NONE, T5, ALIBI)},
                     # T5 with 10x the rate for its bias tables: against sinusoids, then T5 at the shared rate
                     "en-de.t5_lr10": ("en-de.absolute", "en-de.t5"),
                     # RoPE also against the best of the earlier rows, sinusoids with edge tables
@@ -63,13 +63,12 @@ REFERENCE = {
                     **{f"{pair}.buckets": (f"{pair}.relative", f"{pair}.t5") for pair in ("en-de", "en-fr")}},
     "beyond": {"en-de.relative": "en-de.absolute", "en-fr.relative": "en-fr.absolute", "en-de.shared": "en-de.relative",
                **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then relative
-                  for pair in ("en-de", "en-fr") for row in ("learned", "both")}},
+                  for pair in ("en-de", "en-fr") for row in (LEARNED, BOTH)}},
 }
-DESCENDANTS = ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")
-ORDER = {"length": ["absolute", "relative", "learned", "t5", "alibi", "rope", "buckets"],
+ORDER = {"length": [ABSOLUTE, RELATIVE, LEARNED, T5, ALIBI, ROPE, BUCKETS],
          "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr")
                          for row in (*DESCENDANTS[:6], *(("t5_lr10",) if pair == "en-de" else ()), *DESCENDANTS[6:],
-                                     "buckets")],
+                                     BUCKETS)],
          "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}
 
@@ -80,8 +79,7 @@ TOKENIZED_COLUMN = "tokenized BLEU (de: compounds split; fr: not)"
 BLEU_BLOCKS = ("table1", "table2", "table3", "beyond", "descendants")
 # The length study's rows, in two blocks of results/README.md: the paper's section (with learned positions) and
 # the descendants'.
-LENGTH_BLOCKS = {"length": ("absolute", "relative", "learned"),
-                 "descendants-length": ("absolute", "relative", "t5", "alibi", "rope", "buckets")}
+LENGTH_BLOCKS = {"length": (ABSOLUTE, RELATIVE, LEARNED), "descendants-length": (ABSOLUTE, RELATIVE, T5, ALIBI, ROPE, BUCKETS)}
 
 
 def load_runs(results: Path, table: str, rescore: tuple[str, ...] = SCORES) -> dict[str, dict[int, dict]]:

@@ -26,28 +26,27 @@ import time
 from pathlib import Path
 
 from experiments.grid import Cell, run_child, run_grid, write_record
+from experiments.modes import ABSOLUTE, ALIBI, BOTH, BUCKETS, DESCENDANTS, LEARNED, NONE, RELATIVE, ROPE, T5
 from nmt.checkpoints.folder_lock import take_lock
 from nmt.cli import ends_in_one_line
 from nmt.data.pipeline import prepare
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.experiment import compose_job, find_same_run, run_identity
-from nmt.modes import Position
 from nmt.runtime import experiment_cpu_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 
 EDGE_BUCKETS = ["model.edge_buckets=32", "model.clip=128"]  # T5's distances (32 buckets up to 128), Shaw's vectors
-DESCENDANT_OVERRIDES = {"relative": [], "none": ["model.rel_key=false", "model.rel_value=false"]}
+DESCENDANT_OVERRIDES = {RELATIVE: [], NONE: ["model.rel_key=false", "model.rel_value=false"]}
 # the order the check runs them: Shaw's and the paper's baseline first, the control without positions last
-LR_CHECK_MODES = [p.value for p in (Position.relative, Position.absolute, Position.t5, Position.alibi, Position.rope,
-                                    Position.both, Position.learned, Position.none)]
+LR_CHECK_MODES = [RELATIVE, ABSOLUTE, T5, ALIBI, ROPE, BOTH, LEARNED, NONE]
 
 
 def lr_rows(position: str) -> dict[str, list[str]]:
     """A mode's rows of the learning-rate check: the shared rate, half and twice it; T5 also its bias tables at 10x."""
     mode = DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"])
     rows = {f"en-de.{position}.lr{scale:g}": [*mode, f"optim.lr_scale={scale:g}"] for scale in (1.0, 0.5, 2.0)}
-    if position == Position.t5.value:
+    if position == T5:
         rows["en-de.t5.bias_lr10"] = [*mode, "optim.bias_lr_scale=10"]
     return rows
 
@@ -88,27 +87,27 @@ TABLES = {
     "descendants": {"seeds": [1, 2, 3], "rows": {
         **{f"{pair}.{position}": (pair, DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]))
            for pair in ("en-de", "en-fr")
-           for position in ("absolute", "relative", "learned", "both", "none", "t5", "alibi", "rope")},
-        "en-de.t5_lr10": ("en-de", ["model.position=t5", "optim.bias_lr_scale=10"]),
+           for position in DESCENDANTS},
+        f"en-de.{T5}_lr10": ("en-de", [f"model.position={T5}", "optim.bias_lr_scale=10"]),
         # Shaw's edge vectors read by T5's log-spaced buckets (32 up to 128) instead of the clip at 16
-        **{f"{pair}.buckets": (pair, EDGE_BUCKETS) for pair in ("en-de", "en-fr")},
+        **{f"{pair}.{BUCKETS}": (pair, EDGE_BUCKETS) for pair in ("en-de", "en-fr")},
     }},
     # The learning rate of each position mode, chosen on validation (newstest-style: the valid split, never test):
     # Table 1's recipe at the shared rate, half and twice it, one seed; T5 also at 10x the rate for its bias tables.
     # Scored on valid, so no run here is a copy of a table's run (find_same_run matches the split too).
     "lr_check": {"seeds": [1], "split": "valid", "rows": {
         **{row: ("en-de", overrides) for position in LR_CHECK_MODES for row, overrides in lr_rows(position).items()},
-        **{f"en-de.buckets.lr{scale:g}": ("en-de", [*EDGE_BUCKETS, f"optim.lr_scale={scale:g}"])
+        **{f"en-de.{BUCKETS}.lr{scale:g}": ("en-de", [*EDGE_BUCKETS, f"optim.lr_scale={scale:g}"])
            for scale in (1.0, 0.5, 2.0)},
     }},
     "length": {"seeds": [1, 2], "rows": {
-        "absolute": ("en-de", ["model.position=absolute"]),
-        "relative": ("en-de", []),
-        "learned": ("en-de", ["model.position=learned"]),  # beyond the paper: a table trained only up to ~12 words
-        "t5": ("en-de", ["model.position=t5"]),  # Shaw's descendants: do they extrapolate past the training lengths?
-        "alibi": ("en-de", ["model.position=alibi"]),
-        "rope": ("en-de", ["model.position=rope"]),
-        "buckets": ("en-de", EDGE_BUCKETS),
+        ABSOLUTE: ("en-de", [f"model.position={ABSOLUTE}"]),
+        RELATIVE: ("en-de", []),
+        LEARNED: ("en-de", [f"model.position={LEARNED}"]),  # beyond the paper: a table trained only up to ~12 words
+        T5: ("en-de", [f"model.position={T5}"]),  # Shaw's descendants: do they extrapolate past the training lengths?
+        ALIBI: ("en-de", [f"model.position={ALIBI}"]),
+        ROPE: ("en-de", [f"model.position={ROPE}"]),
+        BUCKETS: ("en-de", EDGE_BUCKETS),
     }},
 }
 KEPT = ("result.json", "config.yaml", "train.log")

@@ -65,4 +65,6 @@ def test_dropout_traces_as_one_graph():
     x = torch.ones(64, 32)
     out = torch.compile(dropout, fullgraph=True, backend="eager")(x, 0.25)
     keep, _ = torch.compile(keep_mask, fullgraph=True, backend="eager")((64, 32), 0.25, x.device)
-    assert 0.6 < out.ne(0).float().mean().item() < 0.9 and 0.6 < keep.float().mean().item() < 0.9
+    # 2,048 draws at 0.25: the kept share's sd is 0.0096, so 0.04 is four of them and a rate of 0.2 or 0.3 fails
+    assert abs(out.ne(0).float().mean().item() - 0.75) < 0.04 and abs(keep.float().mean().item() - 0.75) < 0.04
+    assert torch.allclose(out[out.ne(0)], torch.tensor(1 / 0.75))

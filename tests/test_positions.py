@@ -232,8 +232,9 @@ def test_a_source_longer_than_any_table_encodes_and_translates(position):
     net = model(position, max_positions=64)
     assert input_limit(net, 50) is None
     long_source = tokens(1, 600, seed=7)[0].tolist()
-    out = translate_ids(net, [long_source, long_source[:5]], SearchConfig(beam=2, max_extra=3), torch.device("cpu"))
-    assert len(out) == 2
+    search = SearchConfig(beam=2, max_extra=3)
+    out = translate_ids(net, [long_source, long_source[:5]], search, torch.device("cpu"))
+    assert len(out) == 2 and out[0] and out[1] == translate_ids(net, [long_source[:5]], search, torch.device("cpu"))[0]
     with torch.no_grad():
         assert torch.isfinite(net.encode(torch.tensor([long_source]))).all()
 
@@ -257,7 +258,8 @@ def test_mode_settings_are_checked():
         micro_config(t5_buckets=32, t5_max_distance=16).check()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the GPU check's tests stage runs it "
+                    "(scripts/gpu_check.sh, benchmarks/gpu_stages.py)")
 @pytest.mark.parametrize("position", [Position.t5, Position.alibi])
 def test_bias_modes_reach_sdpas_memory_efficient_kernel(position):
     """With only the memory-efficient kernel allowed, SDPA raises instead of falling back to its math path."""

@@ -53,7 +53,8 @@ class Metrics:
             self.tokens, self.since = 0, now
             self.log("train", step, scalars)
             self.bar.set_postfix(loss=f"{scalars['loss']:.3f}", ppl=f"{scalars['ppl']:.1f}",
-                                 tok_s=f"{scalars['tokens_per_s']:.0f}", lr=f"{scalars['lr']:.2e}")
+                                 tok_s=f"{scalars['tokens_per_s']:.0f}", lr=f"{scalars['lr']:.2e}",
+                                 refresh=False)  # shown at the bar's next draw: off a terminal, once a minute
 
     def log(self, prefix: str, step: int, stats: dict) -> None:
         if self.writer is None:

@@ -36,7 +36,9 @@ from experiments.significance import holm, p_cell, seed_p, verdict
 from nmt.score import tokenized_bleu_of
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_SOURCE = ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz"
+# the bundled Multi30k files a record's split was scored against (the tables: test; the learning-rate check: valid)
+SPLIT_SOURCE = {"test": ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz",
+                "valid": ROOT / "data" / "multi30k" / "val.{lang}.gz"}
 LENGTH_BUCKETS = [(1, 9), (10, 12), (13, 15), (16, 19), (20, 999)]
 
 # The paper's figures next to ours: base model, compound-split BLEU; Table 1 on newstest2014, 2 and 3 on newstest2013.
@@ -96,8 +98,8 @@ def load_runs(results: Path, table: str, rescore: tuple[str, ...] = SCORES) -> d
 
 
 @functools.cache
-def test_lines(lang: str) -> list[str]:
-    with gzip.open(str(TEST_SOURCE).format(lang=lang), "rt", encoding="utf-8") as f:
+def test_lines(lang: str, split: str = "test") -> list[str]:
+    with gzip.open(str(SPLIT_SOURCE[split]).format(lang=lang), "rt", encoding="utf-8") as f:
         return [line.rstrip("\n").strip() for line in f]
 
 
@@ -108,8 +110,8 @@ def check_scores(path: Path, result: dict, metrics: tuple[str, ...] = SCORES) ->
 
     from nmt.score import tokenized_bleu, tokenized_key
 
-    lang = result["pair"].split("-")[1]
-    refs = test_lines(lang)
+    lang, split = result["pair"].split("-")[1], result.get("split", "test")
+    refs = test_lines(lang, split)
     scorers = {"bleu": lambda: BLEU().corpus_score(result["hyps"], [refs]).score,
                "chrf": lambda: CHRF().corpus_score(result["hyps"], [refs]).score,
                "tokenized": lambda: tokenized_bleu(result["hyps"], refs, lang)}
@@ -119,7 +121,7 @@ def check_scores(path: Path, result: dict, metrics: tuple[str, ...] = SCORES) ->
         if key not in result or abs(again - result[key]) > 1e-6:
             recorded = f"{result[key]:.4f}" if key in result else "nothing"
             raise SystemExit(f"{path}: records {key} = {recorded}, but {result['hyp']} scores {again:.4f} against "
-                             f"{TEST_SOURCE.name.format(lang=lang)} (python -m experiments.results_table --rescore "
+                             f"{SPLIT_SOURCE[split].name.format(lang=lang)} (python -m experiments.results_table --rescore "
                              f"writes the scores of the current convention)")
 
 
@@ -132,7 +134,7 @@ def rescore(path: Path, command: str) -> bool:
     lang = result["pair"].split("-")[1]
     key = tokenized_key(lang)
     value = tokenized_bleu((path.parent / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1],
-                           test_lines(lang), lang)
+                           test_lines(lang, result.get("split", "test")), lang)
     old = {k: result[k] for k in ("compound_split_bleu", "tokenized_bleu") if k in result and k != key}
     if not old and key in result and abs(result[key] - value) <= 1e-6:
         return False

@@ -41,7 +41,7 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
     from nmt.data.batching import Prefetcher, training_stream
     from nmt.experiment import compose_job
     from nmt.runtime import setup_env
-    from nmt.training.trainer import Trainer
+    from nmt.training.trainer import Trainer, check_attention
 
     job, _ = compose_job([f"model={preset}", "data=multi30k_en_de", f"model.position={position}",
                           f"train.device={device}", f"train.precision={precision}", f"train.max_tokens={max_tokens}",
@@ -54,7 +54,7 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
         import nmt.kernels.relative_attention  # noqa: F401
 
     trainer = Trainer(job, setup_env(job.train.device, job.train.threads))  # CPU: its threads and heap settings
-    trainer.check_attention()  # as nmt.train does before compiling: the fused kernel where its self-test passed
+    check_attention(trainer.attention, trainer.job.model, trainer.amp_dtype, trainer.env.device)  # as nmt.train does
     dev = trainer.env.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     if dev.type == "cuda":

@@ -18,7 +18,7 @@ from nmt.cell import plain_job
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
 from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
-from nmt.config import TrainJob
+from nmt.config import ModelConfig, TrainJob
 from nmt.data.batching import Prefetcher, training_stream
 from nmt.data.pipeline import open_prepared
 from nmt.errors import EXIT_STOPPED
@@ -155,7 +155,7 @@ class Trainer:
             self.load_state_dict(state)
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
-        self.attention.check(model_cases(self.job.model, self.amp_dtype or torch.float32, env.device, True), env.device)
+        check_attention(self.attention, self.job.model, self.amp_dtype, env.device)
         self.metrics = Metrics(self.out, env.main, cfg.max_steps, self.step)
         log.info("%s", setup_line(env, self.amp_dtype, self.train_model is not self.data_parallel, self.model))
         log.info("%s", effective_batch_line(env.world_size, cfg.max_tokens, self.update_freq, cfg.tokens_per_update))
@@ -203,6 +203,13 @@ class Trainer:
         if self.cfg.average_last > 0:
             average_last(self.out, self.cfg.average_last)
         log_done(self.step, self.train_seconds(), time.monotonic() - self.start_time, self.earlier_seconds > 0)
+
+
+def check_attention(attention: AttentionBackend, model: ModelConfig, amp_dtype: torch.dtype | None,
+                    device: torch.device) -> None:
+    """The fused kernel's self-test on every case the model can meet in training, before torch.compile
+    (nmt/kernels/dispatch.py): a case that fails runs the PyTorch path."""
+    attention.check(model_cases(model, amp_dtype or torch.float32, device, training=True), device)
 
 
 def setup_line(env: Env, amp_dtype: torch.dtype | None, compiled: bool, model: torch.nn.Module) -> str:

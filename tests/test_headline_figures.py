@@ -164,3 +164,11 @@ def test_the_demo_precisions_agree_on_the_lines_the_records_say():
     text = " ".join((RESULTS / "README.md").read_text().split())
     check(numbers(r"bf16 and fp32 on one machine gave \S+ and \S+ with (\S+) of (\S+) lines equal", text),
           [sum(a == b for a, b in zip(bf16, fp32, strict=True)), len(bf16)], "demo lines equal")
+
+
+def test_the_install_and_test_minutes_are_the_suite_record():
+    steps = {step["command"]: step for step in record("suite.json")["steps"]}
+    text = " ".join(README.split())
+    check(numbers(r"make test # .*?\((\S+) minutes on 2 cores", text), [steps["make test"]["seconds"] / 60], "make test")
+    check(numbers(r"`\.venv/` \((\S+) minutes on a fresh clone", text), [steps["make install"]["seconds"] / 60],
+          "make install")

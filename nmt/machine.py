@@ -6,6 +6,7 @@ ones (with the same threads, precision and code)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 
@@ -24,9 +25,20 @@ def cpuinfo(field: str) -> list[str]:
         return []
 
 
-def first(field: str) -> str | None:
-    values = cpuinfo(field)
-    return values[0] if values else None
+@functools.cache
+def first_cpu() -> dict[str, str]:
+    """The first logical CPU's /proc/cpuinfo fields, read once per process ({} where there is none)."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
 
 
 def native_cpu_bf16() -> bool:
@@ -36,9 +48,10 @@ def native_cpu_bf16() -> bool:
 
 def host() -> dict:
     """This machine's CPU as a record's field: what decides the bits and the speed of a CPU run."""
-    flags = set((first("flags") or "").split())
-    return {"cpu": first("model name") or platform.processor() or platform.machine(), "vendor": first("vendor_id"),
-            "family": first("cpu family"), "model": first("model"), "stepping": first("stepping"),
+    cpu = first_cpu()
+    flags = set(cpu.get("flags", "").split())
+    return {"cpu": cpu.get("model name") or platform.processor() or platform.machine(), "vendor": cpu.get("vendor_id"),
+            "family": cpu.get("cpu family"), "model": cpu.get("model"), "stepping": cpu.get("stepping"),
             "arch": platform.machine(), "kernel_flags": [flag for flag in KERNEL_FLAGS if flag in flags],
             "native_bf16": native_cpu_bf16(), "cores": os.cpu_count()}
 

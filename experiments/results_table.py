@@ -31,6 +31,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from experiments.lr_check import lr_check_table
 from experiments.modes import ABSOLUTE, ALIBI, BOTH, BUCKETS, DESCENDANTS, LEARNED, NONE, RELATIVE, ROPE, T5
 from experiments.significance import holm, p_cell, seed_p, verdict
 from nmt.score import tokenized_bleu_of
@@ -259,39 +260,6 @@ def length_table(rows: dict[str, dict[int, dict]]) -> str:
                       for r in seeds.values()]
             cells.append(mean_std(scores))
         lines.append(f"| {name} | {len(seeds)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def final_valid_nll(run_dir: Path) -> float | None:
-    """The validation NLL (nats per target token, whole valid split) the run logged at its last update."""
-    lines = [line for line in (run_dir / "train.log").read_text().splitlines() if " valid update " in line]
-    found = re.search(r" nll ([\d.]+)", lines[-1]) if lines else None
-    return float(found.group(1)) if found else None
-
-
-def lr_check_table(results: Path) -> str:
-    """experiments.sweep lr_check: each mode's validation BLEU (beam 4, the whole valid split) and NLL at the shared
-    learning rate, half and twice it (and T5's bias tables at 10x), one seed; the best rate by validation BLEU. Beside
-    them the same-code control: the NLL the descendants table's seed-1 run of the mode logged at its last update
-    (trained earlier, at the shared rate) against this check's run at x1 (the same config and seed, current code)."""
-    runs = {}
-    for path in sorted(results.glob("lr_check/*/seed1/result.json")):
-        mode, _, rate = path.parent.parent.name.removeprefix("en-de.").partition(".")
-        runs.setdefault(mode, {})[rate] = (json.loads(path.read_text())["bleu"], final_valid_nll(path.parent))
-    lines = ["| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) "
-             "| NLL of the table's seed-1 run (its code) |", "|---|---|---|---|---|---|"]
-    for mode, rates in runs.items():
-        shown = [rates.get(f"lr{scale}") for scale in ("0.5", "1", "2")]
-        extra = {rate: score for rate, score in rates.items() if not rate.startswith("lr")}
-        best = max(rates, key=lambda rate: rates[rate][0])
-        table_run = results / "descendants" / f"en-de.{mode}" / "seed1"
-        earlier = final_valid_nll(table_run) if (table_run / "train.log").is_file() else None
-        lines.append(f"| {mode} | {' / '.join(f'{s[0]:.2f}' if s else '–' for s in shown)} | "
-                     f"{' / '.join(f'{s[1]:.3f}' if s and s[1] is not None else '–' for s in shown)} | "
-                     f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f})' for rate, s in extra.items())} | "
-                     f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"
-                     f"{'' if len(rates) == 3 + len(extra) else ' (not all rates run yet)'} | "
-                     f"{f'{earlier:.3f}' if earlier is not None else '–'} |")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from experiments.lr_check import lr_check_table
 from experiments.results_table import BLEU_BLOCKS, holm_family, load_runs, seed_bleu
 from experiments.significance import seed_p
 from tests.conftest import ROOT
@@ -172,3 +173,25 @@ def test_the_install_and_test_minutes_are_the_suite_record():
     check(numbers(r"make test # .*?\((\S+) minutes on 2 cores", text), [steps["make test"]["seconds"] / 60], "make test")
     check(numbers(r"`\.venv/` \((\S+) minutes on a fresh clone", text), [steps["make install"]["seconds"] / 60],
           "make install")
+
+
+def test_the_learning_rate_check_is_its_records():
+    block = re.search(r"<!-- results:lr_check -->\n(.*?)\n<!-- /results:lr_check -->",
+                      (RESULTS / "README.md").read_text(), re.DOTALL)
+    assert block and block.group(1) == lr_check_table(RESULTS), "rerun python -m experiments.results_table --readme " \
+        "results/README.md --blocks lr_check"
+
+
+def test_the_learning_rate_check_picks_by_validation_bleu_and_measures_seed_spread(tmp_path):
+    def run(folder, bleu, nll):
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps({"bleu": bleu}))
+        (folder / "train.log").write_text(f"x INFO nmt.train: valid update 600: loss 3 nll {nll + 1} ppl 9\n"
+                                          f"x INFO nmt.train: valid update 600: loss 3 nll {nll} ppl 8\n")
+    for rate, bleu in {"lr1": 30.0, "lr0.5": 31.5, "lr2": 20.0, "other": 29.0}.items():
+        run(tmp_path / "lr_check" / f"en-de.mode.{rate}" / "seed1", bleu, 2.0)
+    for seed, nll in enumerate((2.1, 2.2, 2.4), 1):
+        run(tmp_path / "descendants" / "en-de.mode" / f"seed{seed}", 0.0, nll)
+    row = lr_check_table(tmp_path).splitlines()[-1]
+    assert row == (f"| mode | 31.50 / 30.00 / 20.00 | 2.000 / 2.000 / 2.000 | other: 29.00 (NLL 2.000) | ×0.5 | 2.100 "
+                   f"| {statistics.stdev([2.1, 2.2, 2.4]):.3f} (3 seeds) |")

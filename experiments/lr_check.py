@@ -32,8 +32,8 @@ def lr_check_table(results: Path) -> str:
     for path in sorted(results.glob("lr_check/*/seed1/result.json")):
         mode, _, rate = path.parent.parent.name.removeprefix("en-de.").partition(".")
         runs.setdefault(mode, {})[rate] = (json.loads(path.read_text())["bleu"], final_valid_nll(path.parent))
-    lines = ["| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) "
-             "| NLL of the table's seed-1 run (its code) | sd of the NLL over the table's seeds |",
+    lines = [("| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) "
+              "| NLL of the table's seed-1 run (its code) | sd of the NLL over the table's seeds |"),
              "|---|---|---|---|---|---|---|"]
     for mode, rates in runs.items():
         shown = [rates.get(f"lr{scale}") for scale in RATES]

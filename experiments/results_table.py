@@ -58,7 +58,7 @@ REFERENCE = {
                     **{f"{pair}.{row}": (f"{pair}.absolute", f"{pair}.relative")  # against sinusoids, then Shaw
                        for pair in ("en-de", "en-fr") for row in (LEARNED, BOTH, NONE, T5, ALIBI)},
                     # T5 with 10x the rate for its bias tables: against sinusoids, then T5 at the shared rate
-                    "en-de.t5_lr10": ("en-de.absolute", "en-de.t5"),
+                    **{f"{pair}.t5_lr10": (f"{pair}.absolute", f"{pair}.t5") for pair in ("en-de", "en-fr")},
                     # RoPE also against the best of the earlier rows, sinusoids with edge tables
                     **{f"{pair}.rope": (f"{pair}.absolute", f"{pair}.relative", f"{pair}.both")
                        for pair in ("en-de", "en-fr")},
@@ -70,7 +70,7 @@ REFERENCE = {
 }
 ORDER = {"length": [ABSOLUTE, RELATIVE, LEARNED, T5, ALIBI, ROPE, BUCKETS],
          "descendants": [f"{pair}.{row}" for pair in ("en-de", "en-fr")
-                         for row in (*DESCENDANTS[:6], *(("t5_lr10",) if pair == "en-de" else ()), *DESCENDANTS[6:],
+                         for row in (*DESCENDANTS[:6], "t5_lr10", *DESCENDANTS[6:],
                                      BUCKETS)],
          "beyond": ["en-de.absolute", "en-de.relative", "en-de.learned", "en-de.both", "en-de.shared",
                     "en-fr.absolute", "en-fr.relative", "en-fr.learned", "en-fr.both"]}

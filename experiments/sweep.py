@@ -82,13 +82,13 @@ TABLES = {
     # Shaw against its descendants (T5's bucketed bias, ALiBi, RoPE) on Table 1's recipe, beside the position rows
     # run before: absolute and relative are Table 1's runs, learned and both Beyond's, En-De's none Table 3's
     # "neither" (copied, not trained again).
-    # en-de.t5_lr10: T5 with 10x the learning rate for its bias tables, the test of whether their few updates, not
-    # the scheme, put T5 below sinusoids.
+    # *.t5_lr10: T5 with 10x the learning rate for its bias tables (its best rate in lr_check, on validation), the
+    # test of whether their few updates, not the scheme, put T5 below sinusoids.
     "descendants": {"seeds": [1, 2, 3], "rows": {
         **{f"{pair}.{position}": (pair, DESCENDANT_OVERRIDES.get(position, [f"model.position={position}"]))
            for pair in ("en-de", "en-fr")
            for position in DESCENDANTS},
-        f"en-de.{T5}_lr10": ("en-de", [f"model.position={T5}", "optim.bias_lr_scale=10"]),
+        **{f"{pair}.{T5}_lr10": (pair, [f"model.position={T5}", "optim.bias_lr_scale=10"]) for pair in ("en-de", "en-fr")},
         # Shaw's edge vectors read by T5's log-spaced buckets (32 up to 128) instead of the clip at 16
         **{f"{pair}.{BUCKETS}": (pair, EDGE_BUCKETS) for pair in ("en-de", "en-fr")},
     }},

@@ -210,7 +210,7 @@ def holm_family(tables: dict[str, dict[str, dict[int, dict]]]) -> dict[tuple, fl
 def bleu_table(table: str, rows: dict[str, dict[int, dict]], samples: int, adjusted: dict[tuple, float]) -> str:
     """The table's rows, each against its reference rows: Welch's p over seeds, the Holm-adjusted p over the page's
     family (holm_family), the verdict from the adjusted p, and the paired bootstrap."""
-    counted = table == "descendants"  # the issue asks each row's parameter count beside its BLEU
+    counted = table == "descendants"  # its rows differ in their position parameters: each count beside its BLEU
     lines = [f"| row | seeds | sacreBLEU (mean ± std) | chrF | {TOKENIZED_COLUMN} | paper | vs | p (seeds, Welch) "
              "| p (Holm, all tables) | verdict (Holm, family-wise 0.05) | p (sentences, paired bootstrap) |"
              + (" parameters |" if counted else ""),

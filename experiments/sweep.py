@@ -1,11 +1,13 @@
-"""Run the small-scale tables (the paper's Tables 1-3 and the length study) on the bundled Multi30k.
+"""Run the small-scale tables (the paper's Tables 1-3, the length study, the learning-rate check) on the bundled
+Multi30k.
 
-    python -m experiments.sweep table1|table2|table3|beyond|descendants|length [--jobs N] [--seeds 1 2 3]
+    python -m experiments.sweep table1|table2|table3|beyond|descendants|length|lr_check [--jobs N] [--seeds 1 2 3]
                                 [--rows ROW ...] [--dry-run]
 
 Every run of a table has the same recipe (configs/experiment/table1.yaml, or length.yaml: the `tiny` model, a budget in
 updates, the average of the last checkpoints) and differs only in its row's overrides and seed. A run
-writes results/<table>/<row>/seed<k>/{result.json, test.hyp.<tgt>, config.yaml, train.log, tensorboard/}.
+writes results/<table>/<row>/seed<k>/{result.json, <split>.hyp.<tgt>, config.yaml, train.log, tensorboard/}
+(split: test; valid for lr_check, whose choices are made on validation).
 A run whose result.json exists is skipped, and a stopped one (SIGTERM, Ctrl-C: exit 75 after its checkpoint)
 continues from its checkpoint, so a sweep run again resumes where it stopped; a run with exactly the same resolved
 config in another table is copied from there, not trained twice.

@@ -11,6 +11,8 @@ import re
 import statistics
 from pathlib import Path
 
+from experiments.sweep import TABLES
+
 RATES = ("0.5", "1", "2")
 
 
@@ -28,6 +30,9 @@ def table_nlls(results: Path, mode: str) -> list[float]:
 
 
 def lr_check_table(results: Path) -> str:
+    order = {}  # the modes in the sweep's order: sinusoids, Shaw, then the descendants
+    for row in TABLES["lr_check"]["rows"]:
+        order.setdefault(row.split(".")[1], len(order))
     runs: dict[str, dict[str, tuple[float, float | None]]] = {}
     for path in sorted(results.glob("lr_check/*/seed1/result.json")):
         mode, _, rate = path.parent.parent.name.removeprefix("en-de.").partition(".")
@@ -35,7 +40,7 @@ def lr_check_table(results: Path) -> str:
     lines = [("| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) "
               "| NLL of the table's seed-1 run (its code) | sd of the NLL over the table's seeds |"),
              "|---|---|---|---|---|---|---|"]
-    for mode, rates in runs.items():
+    for mode, rates in sorted(runs.items(), key=lambda item: order.get(item[0], len(order))):
         shown = [rates.get(f"lr{scale}") for scale in RATES]
         extra = {rate: score for rate, score in rates.items() if not rate.startswith("lr")}
         best = max(rates, key=lambda rate: rates[rate][0])

@@ -3,7 +3,8 @@
 On a terminal, while a bar is open, log records bound for the console go through tqdm.write, which clears the bar,
 writes the whole line and draws the bar again below it, so a log line is never glued to the bar; file handlers
 (train.log) are left as they are. Off a terminal (a pipe, a SLURM log, `| tee`) the bar is redrawn at most once a
-minute, each time as a line of its own: no carriage return, no fragment of a bar in the file."""
+minute, each time as a line of its own: no carriage return, no fragment of a bar in the file, and no line before the
+first item (a bar's opening draw at 0 says nothing a log line does not)."""
 
 from __future__ import annotations
 
@@ -35,12 +36,18 @@ class ProgressBar(tqdm):
         self._redirect = None
         file = file if file is not None else sys.stderr
         on_terminal = hasattr(file, "isatty") and file.isatty()
+        self._whole_lines = not on_terminal
         if not on_terminal:
             file, mininterval = WholeLines(file), max(mininterval, OFF_TERMINAL_INTERVAL)
         super().__init__(*args, disable=disable, file=file, mininterval=mininterval, **kwargs)
         if on_terminal and not self.disable:
             self._redirect = logging_redirect_tqdm(tqdm_class=ProgressBar)
             self._redirect.__enter__()
+
+    def display(self, msg=None, pos=None):
+        if self._whole_lines and self.n == 0:
+            return True
+        return super().display(msg, pos)
 
     def close(self) -> None:
         redirect, self._redirect = self._redirect, None

@@ -1,6 +1,7 @@
 """What a user sees in a terminal: the progress bar and the log lines apart, and whole lines in a log file."""
 
 import fcntl
+import io
 import os
 import pty
 import re
@@ -10,6 +11,7 @@ import sys
 import termios
 import time
 
+from nmt.progress import ProgressBar
 from tests.conftest import ROOT, data_overrides, model_overrides
 
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (INFO|WARNING) ")
@@ -76,3 +78,15 @@ def test_a_piped_run_writes_whole_lines(prepared, tmp_path):
     for text, bars in ((done.stderr, progress), (log_file, [])):
         assert "\r" not in text
         assert all(TIMESTAMP.match(line) or line in bars for line in text.splitlines() if line), text
+
+
+def test_off_a_terminal_a_bar_writes_no_line_before_its_first_item():
+    """A log gets no `0 pairs [00:00, ? pairs/s]` line from a bar that is opened and closed at once (prepare's
+    steps when the folder is up to date), and a finished bar still ends with its total."""
+    log = io.StringIO()
+    with ProgressBar(desc="encode train", unit=" pairs", leave=False, file=log):
+        pass
+    for _ in ProgressBar(range(3), desc="translate", file=log):
+        pass
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and "3/3" in lines[0] and "0/3" not in log.getvalue(), lines

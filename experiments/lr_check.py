@@ -17,8 +17,10 @@ RATES = ("0.5", "1", "2")
 
 
 def final_valid_nll(run_dir: Path) -> float | None:
-    """The validation NLL (nats per target token, whole valid split) the run logged at its last update."""
-    lines = [line for line in (run_dir / "train.log").read_text().splitlines() if " valid update " in line]
+    """The validation NLL (nats per target token, whole valid split) the run logged at its last update; None
+    where its train.log is missing or logged no validation."""
+    log = run_dir / "train.log"
+    lines = [line for line in log.read_text().splitlines() if " valid update " in line] if log.is_file() else []
     found = re.search(r" nll ([\d.]+)", lines[-1]) if lines else None
     return float(found.group(1)) if found else None
 

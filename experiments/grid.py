@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt.errors import EXIT_STOPPED, Stopped
+from nmt.errors import EXIT_STOPPED, Stopped, UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _child: subprocess.Popen | None = None  # a pool worker's running job (run_child), asked to stop on a signal
@@ -86,9 +86,11 @@ def run_child(command: list[str], **popen) -> int:
 def run_grid(run: Callable[..., str], cells: Iterable[Cell], jobs: int, threads: int = 1) -> list[Cell]:
     """run(*cell.args) for every cell without a record, `jobs` side by side with `threads` CPU threads each (one each:
     2 jobs on 2 cores use the machine without oversubscribing it), printing each run's line as it ends; the cells
-    that were to run. Stopped (after every running cell has ended) when a signal stopped the grid or a cell."""
+    that were to run. Stopped (after every running cell has ended) when a signal stopped the grid or a cell; else
+    UserError (exit 2) naming the cells that failed, after every other cell has run."""
     todo = [cell for cell in cells if not cell.record.is_file()]
     stopped: list[str] = []
+    failed: list[Cell] = []
 
     def stop(signum, _frame):
         if not stopped:
@@ -118,12 +120,16 @@ def run_grid(run: Callable[..., str], cells: Iterable[Cell], jobs: int, threads:
                         stopped.append(str(err))
                         print(f"{cell.record.parent}: {err}", flush=True)
                     except Exception as err:  # one broken run must not stop the others
+                        failed.append(cell)
                         print(f"{cell.record}: FAILED ({type(err).__name__}: {err})", flush=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stopped:
         raise Stopped("stopped: run the same command again to continue (finished runs are kept, stopped ones resume)")
+    if failed:  # the grid's exit says so too: a script or a scheduler that reads only the exit code must not see 0
+        raise UserError(f"{len(failed)} of {len(todo)} runs failed (each one's line above says why): "
+                        + ", ".join(str(cell.record.parent) for cell in failed))
     return todo
 
 

@@ -162,7 +162,7 @@ def one_run(table: str, row: str, pair: str, row_overrides: list[str], seed: int
     if code == EXIT_STOPPED:
         raise Stopped(f"stopped with a checkpoint in {run_dir}: the same sweep continues it")
     if code != 0:
-        return f"{name}: FAILED (exit {code}), see {run_dir.parent / f'seed{seed}.log'}"
+        raise UserError(f"{name}: exit {code}, see {run_dir.parent / f'seed{seed}.log'}")
     result = json.loads((run_dir / "result.json").read_text())
     shown = [os.path.relpath(a, ROOT) if a == str(run_dir) else a for a in command[3:]]
     result.update(table=table, row=row, identity=key, command=" ".join(["python -m nmt.experiment", *shown]))

@@ -36,13 +36,14 @@ def average(directory: str, last: int, output: str | None = None) -> Path:
     not load."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s", force=True)
     output = output or str(Path(directory) / "averaged.pt")
-    output_file("output", output, {})  # a folder: refused before the work
+    if not Path(directory).is_dir():  # checked before anything is made: a mistyped folder is not created
+        raise CheckpointError(f"directory={directory}: no such folder (nothing was written)")
     paths, left_out = checkpoints_to_average(directory, last)
-    run_files = [*numbered_checkpoints(directory), Path(directory) / LAST, Path(directory) / PREVIOUS]
-    output_file("output", output, {f"run's checkpoint {p.name}": p for p in run_files})  # what it averages, too
     if len(paths) < last:
         raise CheckpointError(f"asked for the last {last} checkpoints, {directory} has {len(paths)} regular ones"
                               + (f" ({len(left_out)} more saved at a signal, left out)" if left_out else ""))
+    run_files = [*numbered_checkpoints(directory), Path(directory) / LAST, Path(directory) / PREVIOUS]
+    output_file("output", output, {f"run's checkpoint {p.name}": p for p in run_files})  # a folder, or what it averages
     log.info("%s", averaging_note(paths, left_out, write_average(paths, output)))
     return Path(output)
 

@@ -34,15 +34,22 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from omegaconf import OmegaConf
+
     plain = [arg for arg in overrides if "=" in arg and not arg.startswith(("hydra.", "+hydra.", "hydra/"))]
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            compose(config_name, overrides=plain)
+            cfg = compose(config_name, overrides=plain)
     except (HydraException, OmegaConfBaseException) as err:
         text = f"{err}\n{err.__cause__ or ''}"
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         why = next((line for line in lines[1:] if line.startswith(("Key ", "Value "))), None)
         return " ".join(filter(None, [lines[0] if lines else type(err).__name__, why]))
+    # a required field left out (relnmt-translate without checkpoint=): one line here, not OmegaConf's traceback when
+    # the job reads it. data.* are the data layer's to name (data=local says which files it reads)
+    missing = [key for key in sorted(OmegaConf.missing_keys(cfg)) if not key.startswith(("data.", "hydra."))]
+    if missing:
+        return f"{', '.join(missing)} must be given: " + " ".join(f"{key}=..." for key in missing)
     return None
 
 

@@ -73,3 +73,15 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def remove_unused_folder(folder: Path, bookkeeping: tuple[str, ...]) -> bool:
+    """Remove `folder`, which this job made, when it holds nothing but the job's `bookkeeping` files (its lock, its
+    log): a job refused before it wrote anything leaves no folder for a later command to trip over. Whether it did."""
+    held = list(folder.iterdir()) if folder.is_dir() else []
+    if any(path.name not in bookkeeping for path in held):
+        return False
+    for path in held:
+        path.unlink(missing_ok=True)
+    folder.rmdir()
+    return True

@@ -242,11 +242,12 @@ AGAIN_AFTER_S = 1.0
 
 
 @contextlib.contextmanager
-def stop_signals(announce: bool = True):
+def stop_signals(announce: bool = True, on_stop=None):
     """SIGTERM (SLURM before a time limit or preemption; torchrun passes it on), SIGUSR1 (`#SBATCH
     --signal=USR1@120`), a submitit job's preemption signal (nmt/cluster.py) and a first SIGINT (Ctrl-C at a terminal) only raise a flag: the run ends after the current
     update, on every rank at the same one, with a complete checkpoint. Ctrl-C again raises KeyboardInterrupt: the
-    run ends at once, keeping only what was saved. announce: say so on stderr at the first Ctrl-C (rank 0)."""
+    run ends at once, keeping only what was saved. announce: say so on stderr at the first Ctrl-C (rank 0);
+    on_stop: called once, in the handler, at the first stop signal (the folder lock says its job is stopping)."""
     state = {"received": None, "at": 0.0}
     if threading.current_thread() is not threading.main_thread():
         yield state
@@ -258,6 +259,8 @@ def stop_signals(announce: bool = True):
             raise KeyboardInterrupt
         if state["received"] is None:
             state["received"], state["at"] = signal.Signals(signum).name, now
+            if on_stop is not None:
+                on_stop()
             if signum == signal.SIGINT and announce:  # os.write: logging is not safe inside a signal handler
                 os.write(2, b"\nCtrl-C: stopping after this update, with a complete checkpoint "
                             b"(Ctrl-C again to stop at once, without saving)\n")

@@ -14,11 +14,12 @@ from omegaconf import OmegaConf
 
 from nmt.cell import is_sweep_cell, run_cell
 from nmt.checkpoints.checkpoint import CheckpointError
-from nmt.checkpoints.folder_lock import hold_folder
+from nmt.checkpoints.folder_lock import RUN_BOOKKEEPING, hold_folder
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.pipeline import prepare
-from nmt.errors import Stopped
+from nmt.errors import Stopped, UserError
+from nmt.outputs import remove_unused_folder
 from nmt.runtime import Env, rank0_first, setup_env, setup_logging
 from nmt.training.batch import micro_batches
 from nmt.training.trainer import Trainer
@@ -44,6 +45,7 @@ def run(job: TrainJob) -> Path:
 
 def train_in(env: Env, job: TrainJob) -> Path:
     out = Path(job.train.output_dir)
+    fresh = not out.exists()
     try:
         micro_batches(job.train, env.world_size)  # the recipe's batch within reach of this launch, before any work
         held = hold_folder(env, out)  # before anything is written there, the log included
@@ -58,6 +60,10 @@ def train_in(env: Env, job: TrainJob) -> Path:
             rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date
             trainer = Trainer(job, env)
             stop = trainer.train()
+        except UserError:
+            if fresh and env.main:  # refused before it trained (missing data): no folder of a run that never was
+                remove_unused_folder(out, RUN_BOOKKEEPING)
+            raise
         finally:
             if env.world_size > 1:
                 dist.destroy_process_group()

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from nmt.cell import plain_job
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
 from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng
+from nmt.checkpoints.folder_lock import announce_stopping
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
 from nmt.config import ModelConfig, TrainJob
 from nmt.data.batching import Prefetcher, training_stream
@@ -164,7 +165,7 @@ class Trainer:
                             depth=2 * self.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
         validated, stop = -1, None
-        with stop_signals(env.main) as signals, contextlib.closing(stream):
+        with stop_signals(env.main, on_stop=announce_stopping) as signals, contextlib.closing(stream):
             while self.step < cfg.max_steps and stop is None:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
                 due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60

@@ -34,8 +34,6 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from omegaconf import OmegaConf
-
     plain = [arg for arg in overrides if "=" in arg and not arg.startswith(("hydra.", "+hydra.", "hydra/"))]
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
@@ -47,10 +45,24 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
         return " ".join(filter(None, [lines[0] if lines else type(err).__name__, why]))
     # a required field left out (relnmt-translate without checkpoint=): one line here, not OmegaConf's traceback when
     # the job reads it. data.* are the data layer's to name (data=local says which files it reads)
-    missing = [key for key in sorted(OmegaConf.missing_keys(cfg)) if not key.startswith(("data.", "hydra."))]
+    missing = [key for key in missing_fields(cfg) if not key.startswith(("data.", "hydra."))]
     if missing:
         return f"{', '.join(missing)} must be given: " + " ".join(f"{key}=..." for key in missing)
     return None
+
+
+def missing_fields(cfg, prefix: str = "") -> list[str]:
+    """The dotted fields of a composed config left at ??? (OmegaConf.missing_keys would resolve every
+    interpolation, and Hydra's, such as the run folder, exist only inside the job)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    found = []
+    for key in cfg:
+        if OmegaConf.is_missing(cfg, key):
+            found.append(f"{prefix}{key}")
+        elif isinstance(node := cfg._get_node(key), DictConfig):
+            found += missing_fields(node, f"{prefix}{key}.")
+    return found
 
 
 def sweep_checks(args: list[str]) -> list[list[str]]:

@@ -29,7 +29,7 @@ def model_overrides_suffix(overrides) -> str:
     Only letters, digits, "_", "-" and ".": the folder can be passed back as an override value unquoted."""
     plain = [str(o).lstrip("+").replace("~model.", "model.no-", 1) for o in overrides]  # ++model.x=, ~model.x
     picked = sorted(o.removeprefix("model.").replace("=", "-") for o in plain if o.startswith("model."))
-    return "".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked)
+    return capped("".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked), ".h")
 
 
 def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
@@ -39,7 +39,7 @@ def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
     if preset != "local" or not train:
         return preset
     corpus = "_".join(part for part in (Path(train).parent.name, Path(train).name) if part)
-    return f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus)
+    return capped(f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus), "-h", DATA_LABEL_MAX)
 
 
 def defines_run(section: str, field: str) -> bool:
@@ -69,9 +69,16 @@ def cell_name(overrides) -> str:
     CELL_NAME_MAX characters keeps its start and ends in a digest of the whole."""
     parts = [override.replace("=", "-", 1) for override in defining_overrides(overrides)]
     name = "+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in parts) or "defaults"
-    if len(name) > CELL_NAME_MAX:
-        name = f"{name[:CELL_NAME_MAX - 12]}+h{hashlib.sha1(name.encode()).hexdigest()[:10]}"
-    return name
+    return capped(name, "+h")
 
 
 CELL_NAME_MAX = 160  # characters: a file name holds 255 bytes, and a path of cells stays readable
+DATA_LABEL_MAX = 60  # a local corpus's part of a run's folder: with the model's part, within a file name's 255 bytes
+
+
+def capped(name: str, joint: str, limit: int = CELL_NAME_MAX) -> str:
+    """`name` if it has at most `limit` characters, else its start and, after `joint`, a digest of the whole: still
+    one name per run, and a file name the file system takes."""
+    if len(name) <= limit:
+        return name
+    return f"{name[:limit - len(joint) - 10]}{joint}{hashlib.sha1(name.encode()).hexdigest()[:10]}"

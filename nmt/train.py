@@ -45,7 +45,7 @@ def run(job: TrainJob) -> Path:
 
 def train_in(env: Env, job: TrainJob) -> Path:
     out = Path(job.train.output_dir)
-    fresh = not out.exists()
+    fresh = not out.is_dir() or not any(out.iterdir())  # new, or the empty folder Hydra made for the run
     try:
         micro_batches(job.train, env.world_size)  # the recipe's batch within reach of this launch, before any work
         held = hold_folder(env, out)  # before anything is written there, the log included

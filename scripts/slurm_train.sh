@@ -75,4 +75,5 @@ if [ "$status" -ne 0 ] && [ "$(saved)" != "$saved_before" ] && \
   scontrol requeue "$SLURM_JOB_ID"
   exit 0
 fi
+rm -f "$failures"  # the job ends here: its count of requeues ends with it
 exit "$status"

@@ -105,9 +105,10 @@ class FolderLock:
         with contextlib.suppress(OSError, ValueError):
             fd = self.handle.fileno()
             said = os.pread(fd, 4096, 0)
-            if not said.startswith(STOPPING.encode()):
-                os.pwrite(fd, f"{STOPPING} (saving its checkpoint) since {datetime.datetime.now():%H:%M:%S}, ".encode()
-                          + said, 0)
+            if not said.startswith(STOPPING.encode()):  # opened to append: emptied, then written from the start
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{STOPPING} (saving its checkpoint) since {datetime.datetime.now():%H:%M:%S}, ".encode()
+                         + said)
 
     def release(self) -> None:
         global _held

@@ -1,0 +1,66 @@
+"""What a command says and leaves when it cannot do its job (docs/robustness.md): a required field left out, an
+average of two models, a folder that is not there, a run refused before it trained. One line, exit 2, and nothing
+made that a later command would trip over."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.checkpoints.averaging import write_average
+from nmt.checkpoints.checkpoint import CheckpointError, save_checkpoint
+from tests.conftest import ROOT, one_error_line
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def command(tool: str, *args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"nmt.{tool}", *args], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("tool, args, missing", [
+    ("translate", [], "checkpoint"),
+    ("average", [], "directory, last"),
+    ("average", ["directory=outputs/demo"], "last"),
+    ("score", [], "hyp, ref"),
+    ("score", ["hyp=x.txt"], "ref"),
+    ("export", [], "checkpoint, output"),
+])
+def test_a_required_field_left_out_is_one_line_naming_it(tool, args, missing):
+    line = one_error_line(command(tool, *args), f"{missing} must be given")
+    assert "--help lists the fields" in line
+
+
+def fake_checkpoint(path, vocab: bytes, **model):
+    save_checkpoint({"model": {"w": torch.ones(2, 2) * len(path.name)}, "step": 1, "vocab": torch.frombuffer(
+        bytearray(vocab), dtype=torch.uint8), "config": {"model": {"d_model": 2, "clip": 4, **model}}}, path)
+
+
+@pytest.mark.parametrize("other, said", [({"vocab": b"another vocabulary"}, "its vocabulary differs"),
+                                         ({"clip": 8}, "its model differs in model.clip")])
+def test_checkpoints_of_another_vocabulary_or_model_are_not_averaged(tmp_path, other, said):
+    fake_checkpoint(tmp_path / "checkpoint_1.pt", b"one vocabulary")
+    fake_checkpoint(tmp_path / "checkpoint_2.pt", other.pop("vocab", b"one vocabulary"), **other)
+    with pytest.raises(CheckpointError, match=said):
+        write_average([tmp_path / "checkpoint_1.pt", tmp_path / "checkpoint_2.pt"], tmp_path / "averaged.pt")
+    assert not (tmp_path / "averaged.pt").exists()
+    one_error_line(command("average", f"directory={tmp_path}", "last=2"), said)
+    fake_checkpoint(tmp_path / "checkpoint_2.pt", b"one vocabulary")  # the same model: averaged
+    write_average([tmp_path / "checkpoint_1.pt", tmp_path / "checkpoint_2.pt"], tmp_path / "averaged.pt")
+
+
+def test_averaging_a_folder_that_is_not_there_makes_nothing(tmp_path):
+    one_error_line(command("average", f"directory={tmp_path / 'nope'}", "last=5"), "no such folder")
+    assert not (tmp_path / "nope").exists()
+
+
+def test_a_run_refused_before_it_trained_leaves_no_folder(tmp_path):
+    out = tmp_path / "run"
+    one_error_line(command("train", "data=local", f"train.output_dir={out}"), "data=local needs data.train")
+    assert not out.exists()
+    # its default folder, which Hydra makes before the job starts, goes too
+    one_error_line(command("train", "data=local", cwd=tmp_path), "data=local needs data.train")
+    assert not any((tmp_path / "outputs").glob("*"))

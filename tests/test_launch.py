@@ -230,6 +230,7 @@ def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_ov
     assert requeued.returncode == 0, log.read_text()[-3000:]
     assert load_checkpoint(folder / LAST)["step"] == 40 and "resuming from" in (folder / "train.log").read_text()
     assert (tmp_path / "requeued").read_text().split() == ["7"]  # finished: no second requeue
+    assert not (tmp_path / ".relnmt-7.failures").exists()  # its count of requeues ended with the job
 
 
 @pytest.mark.slow

@@ -40,6 +40,8 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
             cfg = compose(config_name, overrides=plain)
     except (HydraException, OmegaConfBaseException) as err:
         text = f"{err}\n{err.__cause__ or ''}"
+        if (near := did_you_mean(config_name, text, plain)) is not None:
+            return near
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         why = next((line for line in lines[1:] if line.startswith(("Key ", "Value "))), None)
         return " ".join(filter(None, [lines[0] if lines else type(err).__name__, why]))
@@ -49,6 +51,51 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     if missing:
         return f"{', '.join(missing)} must be given: " + " ".join(f"{key}=..." for key in missing)
     return None
+
+
+def nearest(word: str, choices: list[str]) -> str:
+    """": did you mean X?" with the closest of `choices`, else "" (difflib's ratio, as --flag hints use)."""
+    near = difflib.get_close_matches(word, choices, 1, 0.6)
+    return f": did you mean {near[0]}?" if near else ""
+
+
+def did_you_mean(config_name: str, text: str, overrides: list[str]) -> str | None:
+    """One line for Hydra's or OmegaConf's report of an unknown preset, field or choice, with the nearest
+    (model=tinny: did you mean model=tiny?) and, when they are few, every option; None for any other report."""
+    import re
+
+    if found := re.search(r"Could not find '([\w/]+)/([^']+)'", text):
+        group, name = found.groups()
+        presets = sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+        prefix = "+" if group == "experiment" else ""
+        return (f"{prefix}{group}={name} is not a preset{nearest(name, presets).replace('mean ', f'mean {prefix}{group}=')}"
+                f" (presets: {', '.join(presets)})")
+    if found := re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]\s+full_key: (\S+)", text):
+        value, choices, key = found.groups()
+        options = [choice.strip() for choice in choices.split(",")]
+        return f"{key}={value} is not a choice{nearest(value, options)} ({' | '.join(options)})"
+    if found := re.search(r"Key '[^']+' not in '\w+'\s+full_key: (\S+)", text):
+        key = found.group(1)  # OmegaConf names the first part that is not there (trian of trian.max_steps=3)
+        key = next((k for k in (o.split("=", 1)[0].lstrip("+~") for o in overrides) if k.startswith(f"{key}.")), key)
+        return f"{key} is not a field{nearest(key, default_fields(config_name))}"
+    return None
+
+
+@functools.cache
+def default_fields(config_name: str) -> list[str]:
+    """Every dotted field of a job's config as composed with its defaults (the presets its groups name)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import DictConfig
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name)
+
+    def leaves(node, prefix=""):
+        for key in node:
+            child = node._get_node(key)
+            yield from leaves(child, f"{prefix}{key}.") if isinstance(child, DictConfig) else [f"{prefix}{key}"]
+
+    return list(leaves(cfg))
 
 
 def missing_fields(cfg, prefix: str = "") -> list[str]:
@@ -124,6 +171,55 @@ def _config_types(base: type | None = None) -> list[type]:
 
     return [t for t in vars(config).values() if isinstance(t, type)
             and (issubclass(t, base) and t is not base if base else dataclasses.is_dataclass(t))]
+
+
+def value_choices(schema: type) -> dict[str, list[str]]:
+    """{dotted field: the values it takes} for every enum and bool field of a job's schema, as overrides write them."""
+    from nmt import config
+
+    choices = {}
+    for name, (group, _) in schema_fields(schema).items():
+        if group is not None:
+            continue
+        owner = schema
+        for part in name.split(".")[:-1]:  # the dataclass that declares the field
+            owner = next(t for t in _config_types() if t.__name__ == _field_type(owner, part))
+        kind = _field_type(owner, name.rsplit(".", 1)[-1])
+        enum = getattr(config, kind, None) if isinstance(kind, str) else kind
+        if isinstance(enum, type) and issubclass(enum, Enum):
+            choices[name] = [choice.value for choice in enum]
+        elif kind in ("bool", bool):
+            choices[name] = ["true", "false"]
+    return choices
+
+
+def _field_type(schema: type, name: str):
+    return next(f.type for f in dataclasses.fields(schema) if f.name == name)
+
+
+def completion_query(args: list[str]) -> str | None:
+    """The shell of a completion query (`-sc query=bash`, what the installed completion runs at each TAB), or None."""
+    if len(args) == 2 and args[0] in ("-sc", "--shell-completion") and args[1].startswith("query="):
+        return args[1].split("=", 1)[1]
+    return None
+
+
+def answer_completion(config_name: str, schema: type, shell: str) -> None:
+    """Hydra's shell completion for a job, but an enum or bool field's values as overrides write them (Hydra offers
+    only the default, and an enum's as a Python name: Position.relative). Imports no more than the configs need: a
+    TAB does not wait for torch."""
+    line = os.environ.get("COMP_LINE", "")
+    word = "" if line.endswith(" ") or not line.split() else line.split()[-1]
+    key, equals, typed = word.partition("=")
+    choices = value_choices(schema).get(key)
+    if equals and choices is not None:
+        print(("\n" if shell == "fish" else " ").join(f"{key}={c}" for c in choices if c.startswith(typed)))
+        return
+    from nmt.config import register_schemas
+
+    register_schemas()
+    sys.argv[1:] = ["-sc", f"query={shell}"]
+    hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=config_name)(lambda cfg: None)()
 
 
 def shown(value) -> str:
@@ -272,6 +368,9 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
         def entry():
             args = sys.argv[1:]
             program = program_name(module_name)
+            if (shell := completion_query(args)) is not None:
+                answer_completion(config_name, schema, shell)
+                sys.exit(0)
             if "--help" in args or "-h" in args:
                 try:
                     print(help_text(config_name, schema, program, sys.modules[task.__module__].__doc__))

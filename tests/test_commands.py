@@ -17,9 +17,18 @@ HYDRA_COMMANDS = ("relnmt-prepare", "relnmt-train", "relnmt-average", "relnmt-tr
                   "relnmt-export")
 
 
+def entry_point(command: str, target: str) -> tuple[str, str]:
+    """(module, function) that a console script runs: nmt.commands' wrappers run their module's entry point."""
+    module_name, function = target.split(":")
+    if module_name == "nmt.commands":
+        wrapper = getattr(importlib.import_module(module_name), function)
+        module_name, function = wrapper.__doc__.split(": ", 1)[1].split(",")[0].rsplit(".", 1)
+    return module_name, function
+
+
 def test_each_command_is_the_entry_point_of_its_module():
     for command, target in SCRIPTS.items():
-        module_name, function = target.split(":")
+        module_name, function = entry_point(command, target)
         assert command == "relnmt-" + module_name.removeprefix("nmt."), command
         module = importlib.import_module(module_name)
         source = Path(module.__file__).read_text()
@@ -36,13 +45,14 @@ def test_each_command_runs_after_install_and_says_its_own_name(tmp_path):
     """From any folder (not only the repository's root) and naming itself as the user typed it."""
     missing = [command for command in SCRIPTS if not (BIN / command).is_file()]
     assert not missing, f"not installed (pip install -e .): {missing}"
-    started = {command: (help_of([str(BIN / command)]), help_of([sys.executable, "-m", target.split(":")[0]]))
+    started = {command: (help_of([str(BIN / command)]),
+                         help_of([sys.executable, "-m", entry_point(command, target)[0]]))
                for command, target in SCRIPTS.items()}
     for command, (script, module) in started.items():
         out, err = script.communicate(timeout=120)
         module_out, _ = module.communicate(timeout=120)
         assert script.returncode == 0 and out.startswith(f"usage: {command}"), (command, out[:300], err[-2000:])
-        module_name = SCRIPTS[command].split(":")[0]
+        module_name = entry_point(command, SCRIPTS[command])[0]
         words = " ".join(out.replace(command, f"python -m {module_name}").split())  # argparse wraps by name length
         assert words == " ".join(module_out.split()), command
 
@@ -70,3 +80,24 @@ def test_completion_offers_the_presets_and_fields_from_any_folder(tmp_path):
     assert "+experiment=table1" in completion("relnmt-train +experiment=t", tmp_path)
     assert completion("relnmt-train model=tiny train.max_st", tmp_path) == ["train.max_steps="]
     assert "data=wmt14_en_de" in completion("relnmt-prepare data=w", tmp_path)
+
+
+def test_completion_offers_an_enum_or_bool_fields_values_quickly_without_torch(tmp_path):
+    assert completion("relnmt-train model.position=", tmp_path) == [
+        f"model.position={mode}" for mode in ("relative", "absolute", "both", "none", "learned", "t5", "alibi", "rope")]
+    assert completion("relnmt-train model.position=r", tmp_path) == ["model.position=relative", "model.position=rope"]
+    assert completion("relnmt-train model.rel_key=", tmp_path) == ["model.rel_key=true", "model.rel_key=false"]
+    assert "precision=bf16" in completion("relnmt-translate precision=", tmp_path)
+    probe = "import sys, runpy; sys.argv = ['relnmt-train', '-sc', 'query=bash']; " \
+            "from nmt.commands import train; train(); print('torch' in sys.modules, file=sys.stderr)"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COMP_LINE": "relnmt-train model=", "PYTHONPATH": str(ROOT)})
+    assert done.stdout.split() == ["model=base", "model=big", "model=tiny"] and done.stderr.split()[-1] == "False"
+
+
+def test_the_editable_build_says_no_warning(tmp_path):
+    """make install's pip builds the package with setuptools: no deprecation or notice on every install."""
+    build = "import setuptools.build_meta as b, sys; b.build_editable(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-W", "always", "-c", build, str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "warning" not in (done.stdout + done.stderr).lower(), done.stderr[-3000:]

@@ -145,12 +145,17 @@ def test_out_of_range_values_are_one_line_errors(module, args, field, tmp_path):
 
 
 @pytest.mark.parametrize("module,args,named", [
-    ("nmt.train", ["train.max_step=3"], "Key 'max_step' not in 'TrainConfig'"),
-    ("nmt.train", ["model=huge"], "model/huge"),
-    ("nmt.translate", ["checkpoint=x.pt", "beem=4"], "Key 'beem' not in 'DecodeJob'"),
+    ("nmt.train", ["train.max_step=3"], "train.max_step is not a field: did you mean train.max_steps?"),
+    ("nmt.train", ["trian.max_steps=3"], "trian.max_steps is not a field: did you mean train.max_steps?"),
+    ("nmt.train", ["model=huge"], "model=huge is not a preset (presets: base, big, tiny)"),
+    ("nmt.train", ["model=tinny"], "model=tinny is not a preset: did you mean model=tiny?"),
+    ("nmt.train", ["+experiment=tabel1"], "did you mean +experiment=table1?"),
+    ("nmt.train", ["model.position=relatve"], "model.position=relatve is not a choice: did you mean relative? "
+                                              "(relative | absolute | both | none | learned | t5 | alibi | rope)"),
+    ("nmt.translate", ["checkpoint=x.pt", "beem=4"], "beem is not a field: did you mean beam?"),
     ("nmt.translate", ["checkpoint=x.pt", "beam=four"], "Value 'four'"),
-    ("nmt.score", ["hyp=a", "ref=b", "lang=de", "reff=c"], "Key 'reff'"),
-    ("nmt.prepare", ["data.vocab=10"], "Key 'vocab' not in 'DataConfig'"),
+    ("nmt.score", ["hyp=a", "ref=b", "lang=de", "reff=c"], "reff is not a field: did you mean ref?"),
+    ("nmt.prepare", ["data.vocab=10"], "data.vocab is not a field: did you mean data.vocab_size?"),
 ])
 def test_a_mistyped_override_is_one_line_exit_2(module, args, named):
     result = cli(module, *args)

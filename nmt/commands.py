@@ -8,7 +8,7 @@ import importlib
 import sys
 
 from nmt import config
-from nmt.cli import answer_completion, completion_query
+from nmt.fields import answer_completion, completion_query
 
 
 def _command(module: str, config_name: str, schema: type, entry: str = "main"):

@@ -170,6 +170,7 @@ class TrainConfig:
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
     score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
+    dry_run: bool = False  # print the job, its batch, parameters and a time estimate from a few timed updates; no run
 
     def check(self) -> "TrainConfig":
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)

@@ -27,7 +27,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.cell import checkpoint_to_decode, decode_and_score
-from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint
+from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.checkpoints.folder_lock import lock_folder
 from nmt.cli import ends_in_one_line, program_name
 from nmt.config import (
@@ -172,7 +172,9 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test",
     claim_folder(output, identity)
     job, resolved = compose_job([*overrides, f"train.output_dir={output}"])
     run(job)  # prepares the data first (a no-op when up to date)
-    train_minutes = (time.monotonic() - started) / 60
+    # the run's own training time, every session of it: a finished run re-scored, or a resumed one, is not the
+    # seconds this call spent
+    train_minutes = load_checkpoint(output / LAST, mmap=True).get("train_seconds", 0.0) / 60
 
     decoded = checkpoint_to_decode(output, job.train.average_last, log)
     scored = decode_and_score(decoded, job.data, split, search, output, lines, job.train.device, log)

@@ -78,7 +78,9 @@ def process_alive(pid: int) -> bool:
 def remove_unused_folder(folder: Path, bookkeeping: tuple[str, ...]) -> bool:
     """Remove `folder`, which this job made, when it holds nothing but the job's `bookkeeping` files (its lock, its
     log): a job refused before it wrote anything leaves no folder for a later command to trip over. Whether it did."""
-    held = list(folder.iterdir()) if folder.is_dir() else []
+    if not folder.is_dir():
+        return False
+    held = list(folder.iterdir())
     if any(path.name not in bookkeeping for path in held):
         return False
     for path in held:

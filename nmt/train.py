@@ -22,6 +22,7 @@ from nmt.errors import Stopped, UserError
 from nmt.outputs import remove_unused_folder
 from nmt.runtime import Env, rank0_first, setup_env, setup_logging
 from nmt.training.batch import micro_batches
+from nmt.training.dry_run import dry_run_report, seconds_per_update
 from nmt.training.trainer import Trainer
 
 
@@ -40,7 +41,26 @@ def run(job: TrainJob) -> Path:
     job.check()
     env = setup_env(job.train.device, job.train.threads, job.train.deterministic)
     with env.refusal_ends_the_launch():
+        if job.train.dry_run:
+            return dry_run(env, job)
         return train_in(env, job)
+
+
+def dry_run(env: Env, job: TrainJob) -> None:
+    """train.dry_run=true (nmt/training/dry_run.py): every rank times a few updates, rank 0 prints the report."""
+    micro_batches(job.train, env.world_size)  # ConfigError: the recipe's batch is out of reach
+    setup_logging(None, env.main)
+    try:
+        rank0_first(env, lambda: prepare(job.data))
+        trainer = Trainer(job, env)
+        seconds = seconds_per_update(trainer)
+    finally:
+        if env.world_size > 1:
+            dist.destroy_process_group()
+        if env.main:  # the empty folder Hydra made for the run's default output_dir
+            remove_unused_folder(Path(job.train.output_dir), bookkeeping=())
+    if env.main:
+        print(dry_run_report(trainer, env, seconds))
 
 
 def train_in(env: Env, job: TrainJob) -> Path:

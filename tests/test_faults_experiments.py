@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from experiments import grid
-from nmt.checkpoints.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.errors import EXIT_STOPPED, Stopped
 from nmt.experiment import RECORD, claim_folder, run_identity
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
@@ -47,6 +47,11 @@ def test_a_stopped_experiment_run_again_ends_as_one_never_stopped(prepared, tmp_
     assert (ours["bleu"], ours["chrf"], ours["updates"]) == (theirs["bleu"], theirs["chrf"], theirs["updates"]) == \
         (ours["bleu"], ours["chrf"], 40)
     assert (out / ours["hyp"]).read_bytes() == (tmp_path / "whole" / theirs["hyp"]).read_bytes()
+    # the record's training minutes are the run's, every session of it; a finished run re-scored keeps them
+    trained = round(load_checkpoint(out / LAST, mmap=True)["train_seconds"] / 60, 2)
+    assert ours["train_minutes"] == trained
+    rescored = subprocess.run(experiment(prepared, out), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert rescored.returncode == 0 and json.loads((out / "result.json").read_text())["train_minutes"] == trained
 
 
 def test_a_folder_of_another_experiment_is_refused_unfinished_and_replaced_finished(tmp_path):

@@ -78,7 +78,7 @@ def test_every_records_command_parses_and_its_overrides_compose(monkeypatch):
 
 
 def test_help_names_the_prepared_folder_the_code_writes():
-    from nmt.cli import help_text
+    from nmt.fields import help_text
     from nmt.config import DataConfig, TrainJob
     from nmt.data.pipeline import prepared_dir
 

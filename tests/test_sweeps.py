@@ -14,7 +14,7 @@ import torch
 
 from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.checkpoints.resume import check_same_config
-from nmt.cli import sweep_checks
+from nmt.overrides import sweep_checks
 from nmt.config import OptimConfig
 from nmt.run_names import CELL_NAME_MAX, cell_name
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides

@@ -9,7 +9,8 @@ import torch
 
 from nmt import config
 from nmt.checkpoints.checkpoint import load_checkpoint, save_checkpoint
-from nmt.cli import flag_error, help_text, schema_fields
+from nmt.fields import help_text, schema_fields
+from nmt.overrides import flag_error
 from nmt.decoding.search import beam_search, beam_search_nbest
 from nmt.train import run
 from nmt.translate import count_lines
@@ -212,3 +213,41 @@ def test_result_records_name_the_cpu_by_what_decides_its_kernels(tmp_path, monke
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["seconds"] == 1.5 and record["host"]["model"] == field["model"] and record["date"]
     assert record["host"]["kernel_flags"] == flags and record["command"].endswith("--repeats 1")
+
+
+def test_a_run_ends_with_its_last_validation_the_model_to_use_and_the_next_command(prepared, tmp_path, capfd):
+    run(job(prepared, tmp_path, max_steps=2, valid_every=0, valid_bleu_sentences=4, average_last=1))
+    logged = capfd.readouterr().err
+    assert "last validation (update 2): nll " in logged and "greedy BLEU" in logged
+    assert f"the model to use: {tmp_path / 'averaged.pt'} (the average of the last 1 checkpoints)" in logged
+    source = Path(prepared.prepared_dir) / f"test.{prepared.src}"
+    assert f"next: relnmt-translate checkpoint={tmp_path / 'averaged.pt'} input={source} " in logged
+    assert "relnmt-score hyp=" in logged
+
+
+def test_a_dry_run_says_the_batch_the_size_and_the_time_and_writes_no_run(prepared, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import data_overrides, model_overrides
+
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "nmt.train", *data_overrides(prepared), *model_overrides(),
+                           "train.max_tokens=300", "train.max_steps=1000", "train.threads=1", "train.device=cpu",
+                           f"train.output_dir={out}", "train.dry_run=true"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "effective batch: 1 devices x 300 tokens" in done.stdout and " parameters; 1,000 updates" in done.stdout
+    assert re.search(r"estimate: [\d.]+ s an update .* x 1,000 updates = [\d.]+ hours", done.stdout), done.stdout
+    assert "max_steps: 1000" in done.stdout  # the composed job
+    assert not out.exists()
+
+
+def test_the_bundled_corpus_is_found_from_any_folder(tmp_path, monkeypatch):
+    from nmt.data.readers import REPOSITORY, multi30k_prefix, read_multi30k
+
+    monkeypatch.chdir(tmp_path)
+    assert multi30k_prefix("data/multi30k", "valid") == str(REPOSITORY / "data" / "multi30k" / "val")
+    assert len(list(read_multi30k("data/multi30k", "valid", "en", "de"))) == 1014
+    monkeypatch.chdir(REPOSITORY)  # from the repository, as given: the prepared data's identity is unchanged
+    assert multi30k_prefix("data/multi30k", "valid") == "data/multi30k/val"

@@ -78,7 +78,19 @@ def read_local(prefix: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
 
 def read_multi30k(root: str, split: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
     """The bundled Multi30k task 1 corpus: {train,val,test_2016_flickr}.<lang>.gz under root."""
-    return read_local(str(Path(root) / MULTI30K_SPLITS[split]), src, tgt)
+    return read_local(multi30k_prefix(root, split), src, tgt)
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]  # where the bundled corpus ships (data/multi30k)
+
+
+def multi30k_prefix(root: str, split: str) -> str:
+    """A Multi30k split's file prefix under `root`, as given where it is found from the working folder; a relative
+    root that is not (the default data/multi30k, from any folder but the repository's) is the repository's."""
+    prefix = Path(root) / MULTI30K_SPLITS[split]
+    if not prefix.is_absolute() and not prefix.parent.is_dir() and (REPOSITORY / prefix).parent.is_dir():
+        prefix = REPOSITORY / prefix
+    return str(prefix)
 
 
 HUB_SAMPLE_ROWS = 1000  # rows read, evenly spaced, for a hub split's content digest (all of a smaller split)

@@ -5,7 +5,6 @@ prepared folder is rebuilt and an unchanged one, however it was reached, is not.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 from nmt.config import DataConfig
 from nmt.data import readers
@@ -40,8 +39,7 @@ def describe_inputs(cfg: DataConfig) -> dict:
             rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
             inputs[split] = {"config": cfg.hub_config, **readers.hub_split_content(rows)}
             continue
-        prefix = (str(Path(cfg.root) / readers.MULTI30K_SPLITS[split]) if cfg.name == "multi30k"
-                  else _local_prefix(cfg, split))
+        prefix = readers.multi30k_prefix(cfg.root, split) if cfg.name == "multi30k" else _local_prefix(cfg, split)
         files = [readers.find_file(prefix, lang) for lang in (cfg.src, cfg.tgt)]
         inputs[split] = {str(f): readers.file_digest(f) for f in files}
     return inputs

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from nmt.cell import plain_job
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
-from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng
+from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, numbered_checkpoints, rank_rng
 from nmt.checkpoints.folder_lock import announce_stopping
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
 from nmt.config import ModelConfig, TrainJob
@@ -165,7 +165,8 @@ class Trainer:
                             depth=2 * self.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
         validated, stop = -1, None
-        with stop_signals(env.main, on_stop=announce_stopping) as signals, contextlib.closing(stream):
+        with stop_signals(env.main, on_stop=announce_stopping) as signals, contextlib.closing(stream), \
+                contextlib.closing(self.metrics):  # the bar closed however the loop ends (a second Ctrl-C too)
             while self.step < cfg.max_steps and stop is None:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
                 due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
@@ -184,7 +185,6 @@ class Trainer:
                     self.checkpoints.save(partial(self.state_dict, saved_for=saved_for), self.step,
                                           final=stop is not None)
                     last_save = time.monotonic()
-        self.metrics.close()
         if self.checkpoints.saved_step != self.step:
             self.checkpoints.save(partial(self.state_dict, saved_for="end"), self.step, final=True)
         if stop != "signal" and validated != self.step:
@@ -203,7 +203,7 @@ class Trainer:
             log.info("final validation took %.1f s", time.monotonic() - self.final_started)
         if self.cfg.average_last > 0:
             average_last(self.out, self.cfg.average_last)
-        log_done(self.step, self.train_seconds(), time.monotonic() - self.start_time, self.earlier_seconds > 0)
+        log_summary(self)
 
 
 def check_attention(attention: AttentionBackend, model: ModelConfig, amp_dtype: torch.dtype | None,
@@ -235,6 +235,35 @@ def average_last(out: Path, last: int) -> None:
     log.info("%s", averaging_note(paths, left_out, write_average(paths, out / "averaged.pt")))
 
 
+def log_summary(trainer: Trainer) -> None:
+    """The end of a run: its updates and minutes, its last validation, the model to use and what to run next."""
+    log_done(trainer.step, trainer.train_seconds(), time.monotonic() - trainer.start_time, trainer.earlier_seconds > 0)
+    for line in next_steps(trainer.out, trainer.cfg.average_last, trainer.metrics.last_valid, trainer.data.directory,
+                           trainer.job.data.src, trainer.job.data.tgt):
+        log.info("%s", line)
+
+
 def log_done(step: int, train_seconds: float, session_seconds: float, resumed: bool) -> None:
     log.info("done: %d updates in %.1f minutes of training%s", step, train_seconds / 60,
              f" ({session_seconds / 60:.1f} in this session)" if resumed else "")
+
+
+def next_steps(out: Path, average_last: int, last_valid: tuple[int, dict] | None, prepared: Path, src: str,
+               tgt: str) -> list[str]:
+    """The end of a run's summary: its last validation, the model to use, and the commands that translate and score
+    the prepared test set with it (or a sentence, without one)."""
+    lines = []
+    if last_valid is not None:
+        step, valid = last_valid
+        bleu = f", greedy BLEU {valid['bleu_greedy']:.2f}" if "bleu_greedy" in valid else ""
+        lines.append(f"last validation (update {step}): nll {valid['nll']:.3f}, ppl {valid['ppl']:.2f}{bleu}")
+    model = out / "averaged.pt" if average_last > 0 else numbered_checkpoints(out)[-1]
+    lines.append(f"the model to use: {model}" + (f" (the average of the last {average_last} checkpoints)"
+                                                 if average_last > 0 else " (the newest checkpoint)"))
+    if (prepared / f"test.{src}").is_file():
+        hyp = out / f"test.hyp.{tgt}"
+        lines.append(f"next: relnmt-translate checkpoint={model} input={prepared / f'test.{src}'} output={hyp} && "
+                     f"relnmt-score hyp={hyp} ref={prepared / f'test.{tgt}'}")
+    else:
+        lines.append(f"next: echo 'a sentence' | relnmt-translate checkpoint={model}")
+    return lines

@@ -104,6 +104,8 @@ class DataConfig:
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
     prepared_dir: Optional[str] = None  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
     chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
+    # The shards are the same bytes whatever the count; memory grows with it (two chunks in flight per worker).
+    workers: int = 0  # processes that encode and binarize (0 = one per core this process may use)
 
     def check(self) -> "DataConfig":
         require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
@@ -113,6 +115,7 @@ class DataConfig:
         require(self.max_ratio >= 1.0, "data.max_ratio", self.max_ratio, ">= 1")
         require(self.max_src_words >= 0, "data.max_src_words", self.max_src_words, ">= 0 (0 = no cap)")
         require(self.chunk_lines >= 1, "data.chunk_lines", self.chunk_lines, ">= 1")
+        require(self.workers >= 0, "data.workers", self.workers, ">= 0 (0 = every core)")
         return self
 
 

@@ -72,6 +72,105 @@ def test_source_word_cap_drops_long_training_pairs_only(corpus):
     assert stats["test"]["kept"] == 15 and stats["valid"]["kept"] == 20  # evaluation keeps long sentences
 
 
+def folder_bytes(directory) -> dict:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def test_workers_write_the_same_bytes_as_one_worker(corpus, monkeypatch):
+    """Every file (shards, kept text, vocabulary, the manifest with its dropped-pair report) is the same bytes on 1
+    worker and on 3, each split in chunks of 7 pairs, so that valid and test go through the pool too."""
+    from nmt.data import pipeline
+
+    pools = []
+    real_pool = pipeline.worker_pool
+    monkeypatch.setattr(pipeline, "worker_pool", lambda *args: pools.append(args[0]) or real_pool(*args))
+    one = folder_bytes(prepare(local_config(corpus, chunk_lines=7, workers=1, max_src_words=12,
+                                            prepared_dir=str(corpus / "one"))))
+    assert pools == []
+    three = folder_bytes(prepare(local_config(corpus, chunk_lines=7, workers=3, max_src_words=12,
+                                              prepared_dir=str(corpus / "three"))))
+    assert pools == [3, 3, 3]  # train, valid and test each on a pool
+    stats = json.loads(one["manifest.json"])["stats"]
+    assert {"dropped_empty", "dropped_too_long", "dropped_ratio", "dropped_src_words"} <= set(stats["train"])
+    assert one.keys() == three.keys() and all(one[name] == three[name] for name in one), \
+        [name for name in one if one[name] != three.get(name)]
+
+
+def test_a_bad_line_is_the_same_error_on_workers(corpus):
+    """A reading error past the first chunks, with the pool at work: the one-worker error, and nothing left behind."""
+    valid_en = (corpus / "valid.en").read_bytes()
+    lines = valid_en.split(b"\n")
+    lines[14] = b"broken \xff byte"
+    (corpus / "valid.en").write_bytes(b"\n".join(lines))
+    test_de = (corpus / "test.de").read_text().split("\n")
+    for workers in (1, 2):
+        cfg = local_config(corpus, chunk_lines=3, workers=workers, prepared_dir=str(corpus / f"w{workers}"))
+        with pytest.raises(readers.DataError, match=rf"^{corpus}/valid.en:15: invalid UTF-8 at byte 7"):
+            prepare(cfg)
+        assert not [p for p in corpus.iterdir() if p.name.startswith((f"w{workers}", f".w{workers}"))]
+    (corpus / "valid.en").write_bytes(valid_en)  # valid fine again, test one line short
+    (corpus / "test.de").write_text("\n".join(test_de[:-2]) + "\n")
+    for workers in (1, 2):
+        cfg = local_config(corpus, chunk_lines=3, workers=workers, prepared_dir=str(corpus / f"w{workers}"))
+        with pytest.raises(readers.DataError, match=rf"^parallel files differ in length: {corpus}/test.en has 15 "
+                                                    rf"lines, {corpus}/test.de has 14 lines"):
+            prepare(cfg)
+
+
+def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypatch):
+    """Ctrl-C while the workers are busy (here: for a minute each): raised at once, no worker left running."""
+    import multiprocessing
+    import time
+
+    from nmt.data import pipeline
+
+    cfg = local_config(corpus, chunk_lines=2, workers=2)
+    vocab = Vocab(prepare(local_config(corpus)) / "spm.model")
+
+    def pairs_then_ctrl_c(*_):
+        yield from [("a b", "c d")] * 6  # 3 chunks: fewer than the 4 in flight, so no result is waited for
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "read_split", pairs_then_ctrl_c)
+    monkeypatch.setattr(pipeline, "encode_chunk", lambda *args: time.sleep(60))  # the forked workers' too
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        list(pipeline.encoded_chunks(cfg, "train", vocab, workers=2))
+    assert time.monotonic() - start < 20
+    assert multiprocessing.active_children() == []
+
+
+def test_workers_end_with_their_parent(tmp_path):
+    """SIGKILL to a prepare (nothing of its own runs): its workers end too, none left encoding for nobody."""
+    import signal
+    import time
+
+    script = ("import time\nfrom nmt.workers import worker_pool\nwith worker_pool(2, int) as pool:\n"
+              "    tasks = [pool.submit(time.sleep, 60) for _ in range(2)]\n    print('busy', flush=True)\n"
+              "    time.sleep(60)\n")
+    job = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                           start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert job.stdout.readline() == "busy\n"
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+
+    def in_session():
+        sessions = []
+        for stat in os.listdir("/proc"):
+            try:
+                sessions.append(int(open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()[3]))
+            except (OSError, ValueError, IndexError):
+                continue
+        return sessions.count(job.pid)
+
+    deadline = time.monotonic() + 10
+    while in_session() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert in_session() == 0
+
+
 def test_vocab_special_ids_and_no_unk(corpus):
     out = prepare(local_config(corpus))
     vocab = Vocab(out / "spm.model")

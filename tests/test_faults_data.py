@@ -139,14 +139,14 @@ def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_earlier_folder(cor
     cfg = local_config(corpus)
     target = prepare(cfg)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
-    real = pipeline._write_split
+    real = pipeline.write_split
 
-    def full_disk(cfg, split, vocab, work):
-        real(cfg, split, vocab, work)  # written whole, then the next split finds the disk full
+    def full_disk(cfg, split, vocab, work, workers):
+        real(cfg, split, vocab, work, workers)  # written whole, then the next split finds the disk full
         if split == "train":
             raise OSError(errno.ENOSPC, "No space left on device", str(work / "valid.000.bin"))
 
-    monkeypatch.setattr(pipeline, "_write_split", full_disk)
+    monkeypatch.setattr(pipeline, "write_split", full_disk)
     with pytest.raises(DataError, match=rf"could not write the prepared data {target}: No space left on device "
                                         r"\(valid.000.bin\); [\d,]+ MiB free there; nothing was kept"):
         prepare(cfg, force=True)

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from nmt.config import ConfigError
 
@@ -54,7 +55,11 @@ def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
             f"data.vocab_sample={sample_size} sentences: {reason}; change data.vocab_size or data.vocab_sample")
 
 
+SAMPLE_SEED = 1  # which sentences SentencePiece samples from a larger text: the same ones at every prepare
+
+
 def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
+    spm.set_random_generator_seed(SAMPLE_SEED)  # its default draws a new seed from the OS at every training
     spm.SentencePieceTrainer.train(
         input=str(text_file),
         model_prefix=str(model_prefix),
@@ -69,7 +74,19 @@ def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size
         max_sentence_length=1 << 16,
         minloglevel=2,
     )
-    return model_prefix.with_suffix(".model")
+    model = model_prefix.with_suffix(".model")
+    _forget_paths(model)
+    return model
+
+
+def _forget_paths(model: Path) -> None:
+    """Clear the training text's and the output's paths that SentencePiece records in the model: they name prepare's
+    temporary folder, so two prepares of the same data would write two different spm.model files."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.read_bytes())
+    proto.trainer_spec.ClearField("input")
+    proto.trainer_spec.ClearField("model_prefix")
+    model.write_bytes(proto.SerializeToString())
 
 
 class Vocab:
@@ -84,8 +101,13 @@ class Vocab:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, sentences: Iterable[str]) -> list[list[int]]:
-        return self.sp.encode(list(sentences), out_type=int, num_threads=os.cpu_count() or 1)
+    def model_proto(self) -> bytes:
+        """The model as bytes: what a worker process loads it from."""
+        return self.sp.serialized_model_proto()
+
+    def encode(self, sentences: Iterable[str], threads: int = 0) -> list[list[int]]:
+        """The ids of each sentence, on `threads` of SentencePiece's C++ threads (0: one per core)."""
+        return self.sp.encode(list(sentences), out_type=int, num_threads=threads or os.cpu_count() or 1)
 
     def decode(self, ids: list[int]) -> str:
         """Detokenized text of one line (a decoded newline byte would break line alignment: made a space)."""

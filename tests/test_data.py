@@ -140,35 +140,52 @@ def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypat
     assert multiprocessing.active_children() == []
 
 
-def test_workers_end_with_their_parent(tmp_path):
-    """SIGKILL to a prepare (nothing of its own runs): its workers end too, none left encoding for nobody."""
+BUSY_POOL = """import time
+from nmt.cli import ends_in_one_line
+from nmt.workers import worker_pool
+with ends_in_one_line("prepare"), worker_pool(2, int) as pool:
+    tasks = [pool.submit(time.sleep, 60) for _ in range(2)]
+    print("busy", flush=True)
+    [task.result() for task in tasks]
+"""
+
+
+def live_in_session(session: int) -> int:
+    """Processes of a session still running (a zombie has ended: init reaps it in its own time)."""
+    alive = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, _, _, sid = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        alive += int(sid) == session and state != "Z"
+    return alive
+
+
+@pytest.mark.parametrize("how", ["SIGKILL to the parent", "Ctrl-C at a terminal"])
+def test_a_pool_ends_with_its_stage(how):
+    """A stage with two busy workers, killed (nothing of its own runs: its workers end too, none left working for
+    nobody) or stopped by Ctrl-C (the terminal's SIGINT reaches every process of the group: one line, exit 130, no
+    worker's traceback, no worker left)."""
     import signal
     import time
 
-    script = ("import time\nfrom nmt.workers import worker_pool\nwith worker_pool(2, int) as pool:\n"
-              "    tasks = [pool.submit(time.sleep, 60) for _ in range(2)]\n    print('busy', flush=True)\n"
-              "    time.sleep(60)\n")
-    job = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                           start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    job = subprocess.Popen([sys.executable, "-c", BUSY_POOL], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert job.stdout.readline() == "busy\n"
+        if how == "Ctrl-C at a terminal":
+            os.killpg(job.pid, signal.SIGINT)
+            assert job.wait(timeout=20) == 130
+            assert job.stderr.read().strip() == "interrupted (Ctrl-C)"
     finally:
         job.send_signal(signal.SIGKILL)
         job.wait()
-
-    def in_session():
-        sessions = []
-        for stat in os.listdir("/proc"):
-            try:
-                sessions.append(int(open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()[3]))
-            except (OSError, ValueError, IndexError):
-                continue
-        return sessions.count(job.pid)
-
     deadline = time.monotonic() + 10
-    while in_session() and time.monotonic() < deadline:
+    while live_in_session(job.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert in_session() == 0
+    assert live_in_session(job.pid) == 0
 
 
 def test_vocab_special_ids_and_no_unk(corpus):

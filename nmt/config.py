@@ -103,8 +103,8 @@ class DataConfig:
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
     prepared_dir: Optional[str] = None  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
-    chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
-    # The shards are the same bytes whatever the count; memory grows with it (two chunks in flight per worker).
+    chunk_lines: int = 10_000  # pairs encoded per chunk (a worker's task): memory is 2 chunks per worker
+    # The prepared folder is the same bytes whatever the number of workers.
     workers: int = 0  # processes that encode and binarize (0 = one per core this process may use)
 
     def check(self) -> "DataConfig":

@@ -7,8 +7,8 @@ prepared folders compared file by file (they must be the same bytes), and the en
 The corpus is synthetic, made here from a seed: WMT14 En-De's shape (4,508,785 pairs of about 23 words, a 32,768-piece
 vocabulary) at --pairs pairs (the default is smaller, to run in minutes; --pairs 4508785 is the full size). Times are
 medians of --repeats interleaved runs (1 worker, N workers, 1, N, ...), each prepare a fresh process; the record says
-the corpus size, the cores and each time. SentencePiece's vocabulary training is one thread whatever data.workers is,
-so the whole prepare gains less than its encode step."""
+the corpus size, the cores and each time. Much of SentencePiece's vocabulary training runs on one thread whatever
+data.workers is, so the whole prepare gains less than its encode step."""
 
 from __future__ import annotations
 

@@ -258,10 +258,10 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         if sentences == 0:  # before SentencePiece, whose error would not name the files
             raise DataError(no_pair_left(cfg, {"read": 0}))
         log.info("vocabulary text: %d sentences", sentences)
-        vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample))
+        workers = worker_count(cfg.workers)
+        vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample, threads=workers))
         vocab_text.unlink()
         stats = {}
-        workers = worker_count(cfg.workers)
         log.info("encoding on %d worker%s", workers, "s" * (workers > 1))
         for split in SPLITS:
             stats[split] = write_split(cfg, split, vocab, work, workers)

@@ -19,16 +19,17 @@ log = logging.getLogger(__name__)
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
-def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
+def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int = 0) -> Path:
     """Train BPE on a file of sentences (one per line); returns the .model path.
 
+    threads: SentencePiece's (0: one per core); the model is the same on any number.
     sample_size bounds the memory: SentencePiece draws that many sentences at random
     (input_sentence_size with shuffle_input_sentence) instead of loading all of WMT14.
     A corpus too small for vocab_size gets the largest vocabulary it supports, with a warning; a vocab_size too
     small for the text's characters, or any other refusal of SentencePiece's, is a ConfigError naming the setting.
     """
     try:
-        return _train_bpe(text_file, model_prefix, vocab_size, sample_size)
+        return _train_bpe(text_file, model_prefix, vocab_size, sample_size, threads)
     except RuntimeError as err:
         largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(err))
         if largest is None:
@@ -37,7 +38,7 @@ def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_siz
         log.warning("data.vocab_size=%d is more than this training text supports (at most %d word pieces): "
                     "using %d; set data.vocab_size=%d or less to silence this", vocab_size, supported, supported,
                     supported)
-        return _train_bpe(text_file, model_prefix, supported, sample_size)
+        return _train_bpe(text_file, model_prefix, supported, sample_size, threads)
 
 
 def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
@@ -58,7 +59,7 @@ def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
 SAMPLE_SEED = 1  # which sentences SentencePiece samples from a larger text: the same ones at every prepare
 
 
-def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
+def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int) -> Path:
     spm.set_random_generator_seed(SAMPLE_SEED)  # its default draws a new seed from the OS at every training
     spm.SentencePieceTrainer.train(
         input=str(text_file),
@@ -70,22 +71,23 @@ def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size
         input_sentence_size=sample_size,
         shuffle_input_sentence=True,
         pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-        num_threads=os.cpu_count() or 1,
+        num_threads=threads or os.cpu_count() or 1,
         max_sentence_length=1 << 16,
         minloglevel=2,
     )
     model = model_prefix.with_suffix(".model")
-    _forget_paths(model)
+    _forget_how_it_ran(model)
     return model
 
 
-def _forget_paths(model: Path) -> None:
-    """Clear the training text's and the output's paths that SentencePiece records in the model: they name prepare's
-    temporary folder, so two prepares of the same data would write two different spm.model files."""
+def _forget_how_it_ran(model: Path) -> None:
+    """Clear what SentencePiece records in the model about the run rather than the vocabulary: the paths of the
+    training text and the output (in prepare's temporary folder) and the thread count (the same pieces on any), so that
+    two prepares of the same data, on any machine and any number of workers, write the same spm.model."""
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model.read_bytes())
-    proto.trainer_spec.ClearField("input")
-    proto.trainer_spec.ClearField("model_prefix")
+    for run_only in ("input", "model_prefix", "num_threads"):
+        proto.trainer_spec.ClearField(run_only)
     model.write_bytes(proto.SerializeToString())
 
 

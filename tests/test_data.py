@@ -140,6 +140,21 @@ def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypat
     assert multiprocessing.active_children() == []
 
 
+def test_a_worker_killed_from_outside_is_one_line(corpus, monkeypatch):
+    """A worker that dies (the OOM killer) ends prepare with one line naming the settings that bound its memory, and
+    nothing is left behind."""
+    from nmt.data import pipeline
+
+    parent, encode_here = os.getpid(), pipeline.encode_chunk
+    monkeypatch.setattr(pipeline, "encode_chunk", lambda *args: encode_here(*args) if os.getpid() == parent
+                        else os._exit(1))  # a forked worker dies at its first chunk
+    monkeypatch.setattr(pipeline, "worker_count", lambda _: 2)
+    with pytest.raises(readers.DataError, match="a worker of prepare's encode ended before its chunk was done "
+                                                r"\(out of memory\?\): lower data.workers=2 or data.chunk_lines=400"):
+        prepare(local_config(corpus))
+    assert not [p for p in corpus.iterdir() if "prepared" in p.name]
+
+
 BUSY_POOL = """import time
 from nmt.cli import ends_in_one_line
 from nmt.workers import worker_pool

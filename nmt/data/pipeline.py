@@ -8,6 +8,7 @@ rebuilds.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -16,6 +17,7 @@ import logging
 import os
 import shutil
 from collections import Counter, deque
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,7 +159,7 @@ def _encode_in_worker(pairs: list[tuple[str, str]]) -> EncodedChunk:
     return encode_chunk(pairs, *_worker_job)
 
 
-def encoded_chunks(cfg: DataConfig, split: str, vocab: Vocab, workers: int):
+def encoded_chunks(cfg: DataConfig, split: str, vocab: Vocab, workers: int) -> Iterator[EncodedChunk]:
     """encode_chunk over the split's chunks of cfg.chunk_lines pairs, in input order, on `workers` processes.
 
     The pairs are read here (a reading error is raised here, as with one process) and at most 2 chunks per worker
@@ -178,17 +180,17 @@ def encoded_chunks(cfg: DataConfig, split: str, vocab: Vocab, workers: int):
             in_flight.append(pool.submit(_encode_in_worker, chunk))
             del chunk  # the worker's copy is the one in flight
             if len(in_flight) >= 2 * workers:
-                yield _result(in_flight.popleft(), workers)
+                yield _result(in_flight.popleft(), cfg, workers)
         while in_flight:
-            yield _result(in_flight.popleft(), workers)
+            yield _result(in_flight.popleft(), cfg, workers)
 
 
-def _result(task, workers: int) -> EncodedChunk:
+def _result(task, cfg: DataConfig, workers: int) -> EncodedChunk:
     try:
         return task.result()
-    except BrokenProcessPool:
-        raise DataError(f"a worker of prepare's encode ended before its chunk was done (out of memory?): set "
-                        f"data.workers below {workers} or data.chunk_lines below the chunk it had") from None
+    except BrokenProcessPool:  # killed from outside: the OOM killer, most likely
+        raise DataError(f"a worker of prepare's encode ended before its chunk was done (out of memory?): lower "
+                        f"data.workers={workers} or data.chunk_lines={cfg.chunk_lines}") from None
 
 
 def write_split(cfg: DataConfig, split: str, vocab: Vocab, out: Path, workers: int) -> dict:
@@ -197,8 +199,10 @@ def write_split(cfg: DataConfig, split: str, vocab: Vocab, out: Path, workers: i
     raw = {} if split == "train" else {lang: open(out / f"{split}.{lang}", "w", encoding="utf-8")
                                           for lang in (cfg.src, cfg.tgt)}
     counts = Counter()
-    with ProgressBar(desc=f"encode {split}", unit=" pairs", leave=False) as bar:
-        for encoded in encoded_chunks(cfg, split, vocab, workers):
+    # closed here, however this ends: an error while writing ends the workers at once, not when collected
+    with ProgressBar(desc=f"encode {split}", unit=" pairs", leave=False) as bar, \
+            contextlib.closing(encoded_chunks(cfg, split, vocab, workers)) as chunks:
+        for encoded in chunks:
             counts.update(encoded.counts)
             if encoded.lines is not None:
                 for lang, lines in zip((cfg.src, cfg.tgt), encoded.lines):

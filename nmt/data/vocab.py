@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
@@ -23,11 +25,21 @@ def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_siz
     """Train BPE on a file of sentences (one per line); returns the .model path.
 
     threads: SentencePiece's (0: one per core); the model is the same on any number.
-    sample_size bounds the memory: SentencePiece draws that many sentences at random
-    (input_sentence_size with shuffle_input_sentence) instead of loading all of WMT14.
+    sample_size bounds the memory: the vocabulary learns from that many sentences drawn with a fixed seed
+    (_sample_lines) instead of loading all of WMT14.
     A corpus too small for vocab_size gets the largest vocabulary it supports, with a warning; a vocab_size too
     small for the text's characters, or any other refusal of SentencePiece's, is a ConfigError naming the setting.
     """
+    sample = _sample_lines(text_file, sample_size)
+    try:
+        return _train_or_fit(sample, model_prefix, vocab_size, sample_size, threads)
+    finally:
+        if sample != text_file:
+            sample.unlink()
+
+
+def _train_or_fit(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int) -> Path:
+    """BPE of vocab_size pieces on text_file, or of the most the text supports (with a warning)."""
     try:
         return _train_bpe(text_file, model_prefix, vocab_size, sample_size, threads)
     except RuntimeError as err:
@@ -56,11 +68,26 @@ def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
             f"data.vocab_sample={sample_size} sentences: {reason}; change data.vocab_size or data.vocab_sample")
 
 
-SAMPLE_SEED = 1  # which sentences SentencePiece samples from a larger text: the same ones at every prepare
+SAMPLE_SEED = 1  # which sentences of a larger text the vocabulary learns from: the same ones at every prepare
+
+
+def _sample_lines(text_file: Path, sample_size: int) -> Path:
+    """text_file, or where it has more lines than sample_size, a file beside it with sample_size of them drawn with
+    SAMPLE_SEED (in their order). SentencePiece's own sampling (input_sentence_size) draws other sentences at every
+    training, whatever seed it is given, so two prepares of one corpus would learn two vocabularies."""
+    with open(text_file, "rb") as f:
+        lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+    if lines <= sample_size:
+        return text_file
+    keep = np.zeros(lines, dtype=bool)
+    keep[np.random.default_rng(SAMPLE_SEED).choice(lines, sample_size, replace=False)] = True
+    sample = text_file.with_name(f"{text_file.stem}.sample{text_file.suffix}")
+    with open(text_file, "rb") as source, open(sample, "wb") as out:
+        out.writelines(itertools.compress(source, keep))
+    return sample
 
 
 def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int) -> Path:
-    spm.set_random_generator_seed(SAMPLE_SEED)  # its default draws a new seed from the OS at every training
     spm.SentencePieceTrainer.train(
         input=str(text_file),
         model_prefix=str(model_prefix),

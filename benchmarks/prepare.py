@@ -2,7 +2,8 @@
 data.workers=1 on one core and with data.workers=N on N cores (N: every core this process may use), the two
 prepared folders compared file by file (they must be the same bytes), and the encode step alone timed the same way.
 
-    python -m benchmarks.prepare [--pairs 1000000] [--vocab-size 32768] [--repeats 1] [--output results/bench_prepare.json]
+    python -m benchmarks.prepare [--pairs 1000000] [--vocab-size 32768] [--repeats 1]
+                                 [--output results/bench_prepare.json]
 
 The corpus is synthetic, made here from a seed: WMT14 En-De's shape (4,508,785 pairs of about 23 words, a 32,768-piece
 vocabulary) at --pairs pairs (the default is smaller, to run in minutes; --pairs 4508785 is the full size). Times are
@@ -44,7 +45,8 @@ def synthetic_corpus(prefix: Path, pairs: int, seed: int, src: str = "en", tgt: 
     lexicons = [["".join(rng.choice(letters, size)) for size in rng.integers(2, 11, LEXICON)] for _ in (src, tgt)]
     zipf = 1 / np.arange(1, LEXICON + 1)
     zipf /= zipf.sum()
-    with open(f"{prefix}.{src}", "w", encoding="utf-8") as f_src, open(f"{prefix}.{tgt}", "w", encoding="utf-8") as f_tgt:
+    with open(f"{prefix}.{src}", "w", encoding="utf-8") as f_src, \
+            open(f"{prefix}.{tgt}", "w", encoding="utf-8") as f_tgt:
         for start in range(0, pairs, 10_000):
             n = min(10_000, pairs - start)
             src_len = np.clip(rng.lognormal(3.0, 0.5, n).astype(int), 1, 120)
@@ -56,18 +58,21 @@ def synthetic_corpus(prefix: Path, pairs: int, seed: int, src: str = "en", tgt: 
                              for end, length in zip(ends, lengths))
 
 
-def timed_prepare(overrides: list[str], cores: set[int], log: Path) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB, its largest process) of a fresh `python -m nmt.prepare` on `cores`."""
+def timed_prepare(overrides: list[str], cores: set[int], log: Path) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (its workers' too) and peak RSS (MiB, its largest process) of a fresh
+    `python -m nmt.prepare` on `cores`. On a shared machine the CPU seconds are the steadier figure: their growth from
+    1 worker to N is what the pool costs."""
     start = time.perf_counter()
     with open(log, "w") as output:
         job = subprocess.Popen([sys.executable, "-m", "nmt.prepare", *overrides, "force=true"], cwd=ROOT,
-                               stdout=output, stderr=subprocess.STDOUT, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+                               stdout=output, stderr=subprocess.STDOUT,
+                               preexec_fn=lambda: os.sched_setaffinity(0, cores))
         _, status, usage = os.wait4(job.pid, 0)
     seconds = time.perf_counter() - start
     job.returncode = os.waitstatus_to_exitcode(status)
     if job.returncode:
         raise SystemExit(f"nmt.prepare {' '.join(overrides)} failed ({job.returncode}): {log.read_text()[-2000:]}")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def digests(directory: Path) -> dict[str, str]:
@@ -88,7 +93,8 @@ def on_cores(cores: set[int], run):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=1_000_000, help=f"training pairs (WMT14 En-De: {WMT14_EN_DE_PAIRS:,})")
+    parser.add_argument("--pairs", type=int, default=1_000_000,
+                        help=f"training pairs (WMT14 En-De: {WMT14_EN_DE_PAIRS:,})")
     parser.add_argument("--vocab-size", type=int, default=32_768)
     parser.add_argument("--repeats", type=int, default=1, help="interleaved runs of each; the record has medians")
     parser.add_argument("--seed", type=int, default=1)
@@ -113,11 +119,14 @@ def main() -> None:
                                     ("train", "valid", "test", "vocab_size", "workers", "prepared_dir"))]
 
         peaks: dict[int, list[float]] = {1: [], workers: []}
+        cpu: dict[int, list[float]] = {1: [], workers: []}
 
         def prepare_on(count: int, cores: set[int]):
             def run():
-                seconds, peak = timed_prepare(overrides(config(count)), cores, tmp / f"prepare{count}.log")
+                seconds, cpu_seconds, peak = timed_prepare(overrides(config(count)), cores,
+                                                           tmp / f"prepare{count}.log")
                 peaks[count].append(peak)
+                cpu[count].append(cpu_seconds)
                 print(f"prepare, {count} worker(s) on {len(cores)} core(s): {seconds:.1f} s", flush=True)
             return run
 
@@ -146,7 +155,10 @@ def main() -> None:
         "cores": len(all_cores), "workers": workers, "repeats": args.repeats,
         "prepare_seconds": {"1_worker_1_core": round(median["1"], 1), f"{workers}_workers": round(median["N"], 1)},
         "prepare_speedup": round(median["1"] / median["N"], 2),
-        "prepare_peak_rss_mib": {"1_worker_1_core": round(max(peaks[1])), f"{workers}_workers": round(max(peaks[workers]))},
+        "prepare_cpu_seconds": {"1_worker_1_core": round(statistics.median(cpu[1]), 1),
+                                f"{workers}_workers": round(statistics.median(cpu[workers]), 1)},
+        "prepare_peak_rss_mib": {"1_worker_1_core": round(max(peaks[1])),
+                                 f"{workers}_workers": round(max(peaks[workers]))},
         "encode_train_seconds": {"1_worker_1_core": round(median["encode_1"], 1),
                                  f"{workers}_workers": round(median["encode_N"], 1)},
         "encode_train_speedup": round(median["encode_1"] / median["encode_N"], 2),

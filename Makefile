@@ -152,4 +152,5 @@ check-kernels: install
 bench: install
 	$(PY) -m benchmarks.attention
 	$(PY) -m benchmarks.data
+	$(PY) -m benchmarks.prepare
 	$(PY) -m benchmarks.decode

@@ -10,7 +10,6 @@ have (exit 75 through nmt.cli.ends_in_one_line): the same command continues.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import multiprocessing
 import os
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
+from nmt.workers import die_with_parent
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _child: subprocess.Popen | None = None  # a pool worker's running job (run_child), asked to stop on a signal
@@ -32,15 +32,6 @@ _grid: int | None = None  # a pool worker's parent: the grid's process
 class Cell:
     record: Path  # the run's record: its presence means the run is done
     args: tuple  # what the study's run function is called with
-
-
-def die_with_parent() -> None:
-    """SIGTERM to this process when its parent ends, however it ends (Linux prctl PR_SET_PDEATHSIG; elsewhere
-    nothing): a grid killed from outside (SIGKILL, the OOM killer, a scheduler) leaves no worker or job running on."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
-    except (OSError, AttributeError):
-        pass
 
 
 def orphaned() -> bool:

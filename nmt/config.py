@@ -98,12 +98,14 @@ class DataConfig:
     hub_name: str = "wmt/wmt14"  # data=wmt14: the Hugging Face hub dataset
     hub_config: Optional[str] = None  # data=wmt14: the dataset config (de-en, fr-en)
     vocab_size: int = 8000  # shared SentencePiece vocabulary size (WMT14 and local presets: 32,768)
-    vocab_sample: int = 4_000_000  # sentences sampled to train SentencePiece (input_sentence_size)
+    vocab_sample: int = 4_000_000  # sentences SentencePiece learns from (a sample drawn with a fixed seed)
     max_len: int = 250  # training pairs longer than this (subword tokens, either side) are dropped
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
     prepared_dir: Optional[str] = None  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
-    chunk_lines: int = 100_000  # lines encoded per chunk: bounds prepare's memory on WMT14
+    chunk_lines: int = 10_000  # pairs encoded per chunk (a worker's task): memory is 2 chunks per worker
+    # The prepared folder is the same bytes whatever the number of workers.
+    workers: int = 0  # processes that encode and binarize (0 = one per core this process may use)
 
     def check(self) -> "DataConfig":
         require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
@@ -113,6 +115,7 @@ class DataConfig:
         require(self.max_ratio >= 1.0, "data.max_ratio", self.max_ratio, ">= 1")
         require(self.max_src_words >= 0, "data.max_src_words", self.max_src_words, ">= 0 (0 = no cap)")
         require(self.chunk_lines >= 1, "data.chunk_lines", self.chunk_lines, ">= 1")
+        require(self.workers >= 0, "data.workers", self.workers, ">= 0 (0 = every core)")
         return self
 
 

@@ -21,7 +21,7 @@ RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_mi
                   "dry_run")
 # Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
 # digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
-DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines")
+DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines", "workers")
 
 
 def model_overrides_suffix(overrides) -> str:

@@ -72,6 +72,30 @@ def test_source_word_cap_drops_long_training_pairs_only(corpus):
     assert stats["test"]["kept"] == 15 and stats["valid"]["kept"] == 20  # evaluation keeps long sentences
 
 
+def folder_bytes(directory) -> dict:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def test_workers_write_the_same_bytes_as_one_worker(corpus, monkeypatch):
+    """Every file (shards, kept text, vocabulary, the manifest with its dropped-pair report) is the same bytes on 1
+    worker and on 3, each split in chunks of 7 pairs, so that valid and test go through the pool too; SentencePiece
+    learns from a sample of 1,000 of the 3,000 sentences, the same one each time."""
+    from nmt.data import pipeline
+
+    pools = []
+    real_pool = pipeline.worker_pool
+    monkeypatch.setattr(pipeline, "worker_pool", lambda *args: pools.append(args[0]) or real_pool(*args))
+    settings = dict(chunk_lines=7, max_src_words=12, vocab_sample=1000)
+    one = folder_bytes(prepare(local_config(corpus, workers=1, prepared_dir=str(corpus / "one"), **settings)))
+    assert pools == []
+    three = folder_bytes(prepare(local_config(corpus, workers=3, prepared_dir=str(corpus / "three"), **settings)))
+    assert pools == [3, 3, 3]  # train, valid and test each on a pool
+    stats = json.loads(one["manifest.json"])["stats"]
+    assert {"dropped_empty", "dropped_too_long", "dropped_ratio", "dropped_src_words"} <= set(stats["train"])
+    assert one.keys() == three.keys() and all(one[name] == three[name] for name in one), \
+        [name for name in one if one[name] != three.get(name)]
+
+
 def test_vocab_special_ids_and_no_unk(corpus):
     out = prepare(local_config(corpus))
     vocab = Vocab(out / "spm.model")

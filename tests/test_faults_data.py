@@ -1,10 +1,13 @@
 """A run knows its data: a resume onto other data is refused, a prepare that keeps no pair is refused, an empty
-split never makes a loop wait for ever, and a prepare during a run does not change what the run reads."""
+split never makes a loop wait for ever, a prepare during a run does not change what the run reads, and prepare's
+workers fail as one process does and never outlive it."""
 
 import errno
 import json
+import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -16,10 +19,12 @@ import torch
 
 from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint
 from nmt.checkpoints.resume import check_same_data
+from nmt.data import pipeline
 from nmt.data.batching import training_stream
 from nmt.data.pipeline import open_prepared, prepare, prepared_dir
 from nmt.data.readers import DataError
 from nmt.data.shards import ShardWriter
+from nmt.data.vocab import Vocab
 from tests.conftest import ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines, write
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -134,19 +139,17 @@ def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
 
 
 def test_a_full_disk_during_prepare_is_one_line_and_keeps_the_earlier_folder(corpus, monkeypatch):
-    from nmt.data import pipeline
-
     cfg = local_config(corpus)
     target = prepare(cfg)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
-    real = pipeline._write_split
+    real = pipeline.write_split
 
-    def full_disk(cfg, split, vocab, work):
-        real(cfg, split, vocab, work)  # written whole, then the next split finds the disk full
+    def full_disk(cfg, split, vocab, work, workers):
+        real(cfg, split, vocab, work, workers)  # written whole, then the next split finds the disk full
         if split == "train":
             raise OSError(errno.ENOSPC, "No space left on device", str(work / "valid.000.bin"))
 
-    monkeypatch.setattr(pipeline, "_write_split", full_disk)
+    monkeypatch.setattr(pipeline, "write_split", full_disk)
     with pytest.raises(DataError, match=rf"could not write the prepared data {target}: No space left on device "
                                         r"\(valid.000.bin\); [\d,]+ MiB free there; nothing was kept"):
         prepare(cfg, force=True)
@@ -163,3 +166,104 @@ def test_prepare_never_replaces_a_folder_it_did_not_write(tmp_path):
     with pytest.raises(DataError, match="holds files that nmt.prepare did not write"):
         prepare(local_config(corpus, prepared_dir=str(corpus)))
     assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before
+
+
+# Prepare's workers: the one-worker errors, and no worker outliving its stage
+
+def test_a_bad_line_is_the_same_error_on_workers(corpus):
+    """A reading error past the first chunks, with the pool at work: the one-worker error, and nothing left behind."""
+    valid_en = (corpus / "valid.en").read_bytes()
+    lines = valid_en.split(b"\n")
+    lines[14] = b"broken \xff byte"
+    (corpus / "valid.en").write_bytes(b"\n".join(lines))
+    test_de = (corpus / "test.de").read_text().split("\n")
+    for workers in (1, 2):
+        cfg = local_config(corpus, chunk_lines=3, workers=workers, prepared_dir=str(corpus / f"w{workers}"))
+        with pytest.raises(DataError, match=rf"^{corpus}/valid.en:15: invalid UTF-8 at byte 7"):
+            prepare(cfg)
+        assert not [p for p in corpus.iterdir() if p.name.startswith((f"w{workers}", f".w{workers}"))]
+    (corpus / "valid.en").write_bytes(valid_en)  # valid fine again, test one line short
+    (corpus / "test.de").write_text("\n".join(test_de[:-2]) + "\n")
+    for workers in (1, 2):
+        cfg = local_config(corpus, chunk_lines=3, workers=workers, prepared_dir=str(corpus / f"w{workers}"))
+        with pytest.raises(DataError, match=rf"^parallel files differ in length: {corpus}/test.en has 15 "
+                                                    rf"lines, {corpus}/test.de has 14 lines"):
+            prepare(cfg)
+
+
+def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypatch):
+    """Ctrl-C while the workers are busy (here: for a minute each): raised at once, no worker left running."""
+
+    cfg = local_config(corpus, chunk_lines=2, workers=2)
+    vocab = Vocab(prepare(local_config(corpus)) / "spm.model")
+
+    def pairs_then_ctrl_c(*_):
+        yield from [("a b", "c d")] * 6  # 3 chunks: fewer than the 4 in flight, so no result is waited for
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "read_split", pairs_then_ctrl_c)
+    monkeypatch.setattr(pipeline, "encode_chunk", lambda *args: time.sleep(60))  # the forked workers' too
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        list(pipeline.encoded_chunks(cfg, "train", vocab, workers=2))
+    assert time.monotonic() - start < 20
+    assert multiprocessing.active_children() == []
+
+
+def test_a_worker_killed_from_outside_is_one_line(corpus, monkeypatch):
+    """A worker that dies (the OOM killer) ends prepare with one line naming the settings that bound its memory, and
+    nothing is left behind."""
+    parent, encode_here = os.getpid(), pipeline.encode_chunk
+    monkeypatch.setattr(pipeline, "encode_chunk", lambda *args: encode_here(*args) if os.getpid() == parent
+                        else os._exit(1))  # a forked worker dies at its first chunk
+    monkeypatch.setattr(pipeline, "worker_count", lambda _: 2)
+    with pytest.raises(DataError, match="a worker of prepare's encode ended before its chunk was done "
+                                                r"\(out of memory\?\): lower data.workers=2 or data.chunk_lines=400"):
+        prepare(local_config(corpus))
+    assert not [p for p in corpus.iterdir() if "prepared" in p.name]
+
+
+BUSY_POOL = """import time
+from nmt.cli import ends_in_one_line
+from nmt.workers import worker_pool
+with ends_in_one_line("prepare"), worker_pool(2, int) as pool:
+    tasks = [pool.submit(time.sleep, 60) for _ in range(2)]
+    print("busy", flush=True)
+    [task.result() for task in tasks]
+"""
+
+
+def live_in_session(session: int) -> int:
+    """Processes of a session still running (a zombie has ended: init reaps it in its own time)."""
+    alive = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            state, _, _, sid = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue
+        alive += int(sid) == session and state != "Z"
+    return alive
+
+
+@pytest.mark.parametrize("how", ["SIGKILL to the parent", "Ctrl-C at a terminal"])
+def test_a_pool_ends_with_its_stage(how):
+    """A stage with two busy workers, killed (nothing of its own runs: its workers end too, none left working for
+    nobody) or stopped by Ctrl-C (the terminal's SIGINT reaches every process of the group: one line, exit 130, no
+    worker's traceback, no worker left)."""
+
+    job = subprocess.Popen([sys.executable, "-c", BUSY_POOL], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert job.stdout.readline() == "busy\n"
+        if how == "Ctrl-C at a terminal":
+            os.killpg(job.pid, signal.SIGINT)
+            assert job.wait(timeout=20) == 130
+            assert job.stderr.read().strip() == "interrupted (Ctrl-C)"
+    finally:
+        job.send_signal(signal.SIGKILL)
+        job.wait()
+    deadline = time.monotonic() + 10
+    while live_in_session(job.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live_in_session(job.pid) == 0

@@ -68,6 +68,7 @@ RULES = [
     (r"^python -m benchmarks.train( |$)", " --steps 1 --rounds 1 --presets tiny --max-tokens 1024"),
     (r"^python -m benchmarks\.decode( |$)", " --sentences 20 --repeats 1"),
     (r"^python -m benchmarks.data$", " --pairs 20000"),
+    (r"^python -m benchmarks.prepare$", " --pairs 2000 --vocab-size 500 --output outputs/bench_prepare_test.json"),
     (r"^python -m benchmarks.checkpoint_disk$", " --presets base --vocab-size 1000"),
     (r"^python -m experiments.sweep ", " --dry-run"),
     (r"^python -m experiments.results_table --readme results/README.md$",

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,22 @@ def id_dtype(vocab_size: int):
     return np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
 
 
+@dataclass
+class Packed:
+    """Encoded sentences as a shard stores them: their ids back to back, and each one's length."""
+
+    ids: np.ndarray  # (tokens,) id_dtype of the vocabulary
+    lengths: np.ndarray  # (sentences,) int64
+
+
+def pack(sentences: list[list[int]], vocab_size: int) -> Packed:
+    lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+    ids = np.fromiter(itertools.chain.from_iterable(sentences), dtype=id_dtype(vocab_size), count=int(lengths.sum()))
+    return Packed(ids, lengths)
+
+
 class ShardWriter:
-    """Appends encoded sentences chunk by chunk; memory is bounded by the chunk."""
+    """Appends packed sentences chunk by chunk; memory is bounded by the chunk."""
 
     def __init__(self, directory: Path, split: str, side: str, vocab_size: int):
         self.dtype = id_dtype(vocab_size)
@@ -26,11 +42,9 @@ class ShardWriter:
         self.idx_path = directory / f"{split}.{side}.idx"
         self.lengths: list[np.ndarray] = []
 
-    def append(self, sentences: list[list[int]]) -> None:
-        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-        flat = np.fromiter((i for s in sentences for i in s), dtype=self.dtype, count=int(lengths.sum()))
-        flat.tofile(self.bin)
-        self.lengths.append(lengths)
+    def append(self, packed: Packed) -> None:
+        packed.ids.astype(self.dtype, copy=False).tofile(self.bin)
+        self.lengths.append(packed.lengths)
 
     def close(self) -> int:
         self.bin.close()

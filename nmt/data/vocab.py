@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from nmt.config import ConfigError
 
@@ -18,16 +21,27 @@ log = logging.getLogger(__name__)
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
-def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
+def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int = 0) -> Path:
     """Train BPE on a file of sentences (one per line); returns the .model path.
 
-    sample_size bounds the memory: SentencePiece draws that many sentences at random
-    (input_sentence_size with shuffle_input_sentence) instead of loading all of WMT14.
+    threads: SentencePiece's (0: one per core); the model is the same on any number.
+    sample_size bounds the memory: the vocabulary learns from that many sentences drawn with a fixed seed
+    (_sample_lines) instead of loading all of WMT14.
     A corpus too small for vocab_size gets the largest vocabulary it supports, with a warning; a vocab_size too
     small for the text's characters, or any other refusal of SentencePiece's, is a ConfigError naming the setting.
     """
+    sample = _sample_lines(text_file, sample_size)
     try:
-        return _train_bpe(text_file, model_prefix, vocab_size, sample_size)
+        return _train_or_fit(sample, model_prefix, vocab_size, sample_size, threads)
+    finally:
+        if sample != text_file:
+            sample.unlink()
+
+
+def _train_or_fit(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int) -> Path:
+    """BPE of vocab_size pieces on text_file, or of the most the text supports (with a warning)."""
+    try:
+        return _train_bpe(text_file, model_prefix, vocab_size, sample_size, threads)
     except RuntimeError as err:
         largest = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", str(err))
         if largest is None:
@@ -36,7 +50,7 @@ def train_vocab(text_file: Path, model_prefix: Path, vocab_size: int, sample_siz
         log.warning("data.vocab_size=%d is more than this training text supports (at most %d word pieces): "
                     "using %d; set data.vocab_size=%d or less to silence this", vocab_size, supported, supported,
                     supported)
-        return _train_bpe(text_file, model_prefix, supported, sample_size)
+        return _train_bpe(text_file, model_prefix, supported, sample_size, threads)
 
 
 def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
@@ -54,7 +68,26 @@ def sentencepiece_refusal(error: str, vocab_size: int, sample_size: int) -> str:
             f"data.vocab_sample={sample_size} sentences: {reason}; change data.vocab_size or data.vocab_sample")
 
 
-def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int) -> Path:
+SAMPLE_SEED = 1  # which sentences of a larger text the vocabulary learns from: the same ones at every prepare
+
+
+def _sample_lines(text_file: Path, sample_size: int) -> Path:
+    """text_file, or where it has more lines than sample_size, a file beside it with sample_size of them drawn with
+    SAMPLE_SEED (in their order). SentencePiece's own sampling (input_sentence_size) draws other sentences at every
+    training, whatever seed it is given, so two prepares of one corpus would learn two vocabularies."""
+    with open(text_file, "rb") as f:
+        lines = sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+    if lines <= sample_size:
+        return text_file
+    keep = np.zeros(lines, dtype=bool)
+    keep[np.random.default_rng(SAMPLE_SEED).choice(lines, sample_size, replace=False)] = True
+    sample = text_file.with_name(f"{text_file.stem}.sample{text_file.suffix}")
+    with open(text_file, "rb") as source, open(sample, "wb") as out:
+        out.writelines(itertools.compress(source, keep))
+    return sample
+
+
+def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size: int, threads: int) -> Path:
     spm.SentencePieceTrainer.train(
         input=str(text_file),
         model_prefix=str(model_prefix),
@@ -65,11 +98,24 @@ def _train_bpe(text_file: Path, model_prefix: Path, vocab_size: int, sample_size
         input_sentence_size=sample_size,
         shuffle_input_sentence=True,
         pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
-        num_threads=os.cpu_count() or 1,
+        num_threads=threads or os.cpu_count() or 1,
         max_sentence_length=1 << 16,
         minloglevel=2,
     )
-    return model_prefix.with_suffix(".model")
+    model = model_prefix.with_suffix(".model")
+    _forget_how_it_ran(model)
+    return model
+
+
+def _forget_how_it_ran(model: Path) -> None:
+    """Clear what SentencePiece records in the model about the run rather than the vocabulary: the paths of the
+    training text and the output (in prepare's temporary folder) and the thread count (the same pieces on any), so that
+    two prepares of the same data, on any machine and any number of workers, write the same spm.model."""
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.read_bytes())
+    for run_only in ("input", "model_prefix", "num_threads"):
+        proto.trainer_spec.ClearField(run_only)
+    model.write_bytes(proto.SerializeToString())
 
 
 class Vocab:
@@ -84,8 +130,13 @@ class Vocab:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, sentences: Iterable[str]) -> list[list[int]]:
-        return self.sp.encode(list(sentences), out_type=int, num_threads=os.cpu_count() or 1)
+    def model_proto(self) -> bytes:
+        """The model as bytes: what a worker process loads it from."""
+        return self.sp.serialized_model_proto()
+
+    def encode(self, sentences: Iterable[str], threads: int = 0) -> list[list[int]]:
+        """The ids of each sentence, on `threads` of SentencePiece's C++ threads (0: one per core)."""
+        return self.sp.encode(list(sentences), out_type=int, num_threads=threads or os.cpu_count() or 1)
 
     def decode(self, ids: list[int]) -> str:
         """Detokenized text of one line (a decoded newline byte would break line alignment: made a space)."""

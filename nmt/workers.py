@@ -1,0 +1,65 @@
+"""Worker processes of a stage that spreads its work over the cores (prepare's encode): how many, and a pool of them
+that never outlives the stage, however the stage ends.
+
+The pool's workers ignore Ctrl-C (the terminal sends SIGINT to the whole foreground group: the stage alone answers
+it, in one line) and end when their parent ends, however it ends (SIGTERM, SIGKILL, the OOM killer); a stage that
+ends early (an error, Ctrl-C, a consumer that stops reading) terminates them instead of waiting for their tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a SLURM allocation or taskset, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_count(requested: int) -> int:
+    """`requested` processes, or with 0 one per available core."""
+    return requested or available_cores()
+
+
+def die_with_parent() -> None:
+    """SIGTERM to this process when its parent ends, however it ends (Linux prctl PR_SET_PDEATHSIG; elsewhere
+    nothing): a parent killed from outside (SIGKILL, the OOM killer, a scheduler) leaves no worker running on."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+    except (OSError, AttributeError):
+        pass
+
+
+def _start_worker(parent: int, initializer: Callable[..., None], initargs: tuple) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a stop flag inherited from the parent (nmt.runtime)
+    die_with_parent()
+    if os.getppid() != parent:  # the parent ended before the line above could ask to be told
+        os._exit(1)
+    initializer(*initargs)
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int, initializer: Callable[..., None], initargs: tuple = ()) -> Iterator[ProcessPoolExecutor]:
+    """A ProcessPoolExecutor of `workers` forked processes, each set up once by initializer(*initargs). A worker that
+    dies raises BrokenProcessPool at its task's result (multiprocessing.Pool would wait for it for ever)."""
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker,
+                               initargs=(os.getpid(), initializer, initargs))
+    try:
+        yield pool
+    except BaseException:
+        # the executor has no public call that stops a running task: without this, shutdown waits for each one
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.checkpoints.checkpoint import load_checkpoint, numbered_checkpoints
-from nmt.cluster import requeue_after
+from nmt.cluster import export_ranks, requeue_after
 from nmt.config import ConfigError, DataConfig, SearchConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
@@ -77,6 +77,7 @@ def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
     if any(o.startswith("train.output_dir=") for o in HydraConfig.get().overrides.task):
         raise ConfigError("train.output_dir in a -m sweep would put every cell in one folder: leave it out (each cell "
                           "trains in hydra.sweep.dir/<its overrides>)")
+    export_ranks()  # a submitit job's tasks learn their ranks here, before anything below reads RANK
     if cell_finished(job):
         return
     main, failed = int(os.environ.get("RANK", "0")) == 0, Path(job.train.output_dir) / SCORE_FAILED

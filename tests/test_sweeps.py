@@ -167,6 +167,20 @@ def test_a_typo_in_a_sweep_is_one_line_before_any_cell_runs(tmp_path, typo, name
 
 
 @pytest.mark.slow
+def test_a_recipe_that_averages_runs_as_a_cell_of_two_tasks_scored_once(prepared, tmp_path):
+    """Every task of a submitit job knows its rank before the cell reads it: rank 0 alone averages, decodes and
+    scores; the other task waits for its score (it once took itself for rank 0 and looked for averaged.pt)."""
+    done = subprocess.run(sweep_command(prepared, tmp_path / "sweep", "train.max_steps=4", "train.average_last=2",
+                                        "model.clip=2"), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    cell = cells(tmp_path / "sweep")[2]
+    result = json.loads((cell / "result.json").read_text())
+    assert result["checkpoint"] == "averaged.pt" and len(result["averaged_from"]) == 2
+    logs = [path.read_text() for path in (tmp_path / "sweep" / ".submitit").rglob("*_log.err")]
+    assert len(logs) == 2 and sum("sacreBLEU" in log for log in logs) == 1, logs
+
+
+@pytest.mark.slow
 def test_a_preempted_submitit_job_saves_requeues_and_continues_bit_exact(prepared, tmp_path):
     """submitit's preemption signal (USR2) to both tasks of a cell's job: every rank stops after the same update with
     a complete checkpoint, submitit's own handler requeues the job (its local executor restarts the tasks), and the

@@ -8,8 +8,8 @@ from typing import Optional
 from omegaconf import MISSING
 
 from nmt.errors import UserError
-from nmt.modes import Attention, Norm, Position, Precision, Schedule
-from nmt.run_names import cell_name, data_label, model_overrides_suffix
+from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule
+from nmt.run_names import cell_name, data_label, init_from_suffix, model_overrides_suffix
 
 
 class ConfigError(UserError, ValueError):
@@ -163,6 +163,12 @@ class TrainConfig:
     log_every: int = 100  # a log line (and TensorBoard scalars) every N updates
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
+    # Each validation keeps output_dir/checkpoint_best.pt, the weights of the best one so far by this metric.
+    best_metric: BestMetric = BestMetric.nll  # nll (lower is better) | bleu (greedy, higher is better)
+    patience: int = 0  # stop after this many validations in a row without a better best_metric; 0 = never early
+    # Fine-tuning: a new run (optimizer, schedule, step and data position fresh) from a checkpoint's model weights;
+    # its vocabulary and model config must be this job's (dropout aside). Read only when output_dir holds no run yet.
+    init_from: Optional[str] = None  # a checkpoint (checkpoint_best.pt, averaged.pt, ...) whose weights start the run
     max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
@@ -173,17 +179,23 @@ class TrainConfig:
 
     def check(self) -> "TrainConfig":
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
+        self.best_metric = BestMetric(self.best_metric)
         for name in ("max_steps", "max_tokens", "save_every_steps", "log_every", "max_bad_updates"):
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
         require(self.update_freq is None or self.update_freq >= 1, "train.update_freq", self.update_freq,
                 ">= 1 or null (derived from train.tokens_per_update)")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines"):
+                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines", "patience"):
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.score_split in ("test", "valid"), "train.score_split", self.score_split, "test or valid")
+        require(self.patience == 0 or self.valid_every > 0, "train.patience", self.patience,
+                "0 with train.valid_every=0 (it counts validations)")
+        require(self.best_metric != BestMetric.bleu or self.valid_every == 0 or self.valid_bleu_sentences > 0,
+                "train.best_metric", self.best_metric.value, "nll with train.valid_bleu_sentences=0 (no BLEU to compare)")
+        require(self.init_from != "", "train.init_from", "''", "a checkpoint's path, or null (no fine-tuning)")
         return self
 
 
@@ -291,7 +303,7 @@ def register_schemas() -> None:
     from omegaconf import OmegaConf
 
     for name, resolver in {"model_overrides": model_overrides_suffix, "cell_name": cell_name,
-                           "data_label": data_label}.items():
+                           "data_label": data_label, "init_from": init_from_suffix}.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)
     store = ConfigStore.instance()
     for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,

@@ -1,8 +1,12 @@
 """The best checkpoint and early stopping: validation keeps checkpoint_best.pt by train.best_metric, train.patience
 ends the run normally, and a run stopped by a signal and resumed decides as an uninterrupted one."""
 
+import errno
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +18,7 @@ from nmt.errors import Stopped, UserError
 from nmt.train import run
 from nmt.training import trainer as train_module
 from nmt.training.validate import Validator
-from tests.test_train import job
+from tests.conftest import ROOT, data_overrides, micro_job, model_overrides
 
 # The validation nll at each validated update (train.valid_every=2): the best at update 4; 8 ties it, which is no
 # improvement; with train.patience=2 the run stops at update 8.
@@ -46,7 +50,7 @@ def scripted_validation(monkeypatch, metric: str, sigterm_after: int | None = No
 
 
 def early_job(prepared, out, metric="nll", **train):
-    return job(prepared, out, **{**dict(max_steps=12, valid_every=2, save_every_steps=2, keep_last=0, patience=2,
+    return micro_job(prepared, out, **{**dict(max_steps=12, valid_every=2, save_every_steps=2, keep_last=0, patience=2,
                                         best_metric=metric, valid_bleu_sentences=4, average_last=2), **train})
 
 
@@ -101,10 +105,24 @@ def test_a_run_stopped_by_sigterm_and_resumed_decides_as_an_uninterrupted_one(pr
     assert "stopped early at update 8" in (tmp_path / "stopped" / "train.log").read_text()
 
 
-def test_the_best_checkpoint_never_holds_a_non_finite_weight(tmp_path, caplog):
-    state = {"model": {"w": torch.tensor([1.0, float("nan")])}, "step": 8}
-    assert not save_best(state, tmp_path, {"metric": "nll", "score": 1.0, "step": 8})
-    assert not (tmp_path / BEST).exists() and "update 8 not kept as checkpoint_best.pt" in caplog.text
+def test_a_failed_or_non_finite_best_keeps_the_earlier_best_whole(tmp_path, monkeypatch, caplog):
+    record = {"metric": "nll", "score": 2.0, "step": 4}
+    assert save_best({"model": {"w": torch.ones(2)}, "step": 4}, tmp_path, record)
+    real = torch.save
+
+    def full_disk(state, path, *args, **kwargs):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert not save_best({"model": {"w": torch.zeros(2)}, "step": 6}, tmp_path, {**record, "step": 6})
+    monkeypatch.setattr(torch, "save", real)
+    assert not save_best({"model": {"w": torch.tensor([1.0, float("nan")])}, "step": 8}, tmp_path, record)
+    kept = load_checkpoint(tmp_path / BEST)
+    assert kept["step"] == 4 and torch.equal(kept["model"]["w"], torch.ones(2)) and kept["saved_for"] == "best"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [BEST]  # no temporary file left
+    assert "could not keep update 6 as checkpoint_best.pt" in caplog.text and "No space left" in caplog.text
+    assert "update 8 not kept as checkpoint_best.pt: w holds NaN or inf values" in caplog.text
 
 
 def test_patience_and_bleu_need_what_they_count():
@@ -112,3 +130,26 @@ def test_patience_and_bleu_need_what_they_count():
         TrainConfig(patience=3, valid_every=0).check()
     with pytest.raises(ConfigError, match="train.best_metric=bleu is invalid"):
         TrainConfig(best_metric="bleu", valid_bleu_sentences=0).check()
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_0_decides_and_every_rank_stops_at_the_same_update(prepared, tmp_path):
+    """Two gloo workers and one process with two micro-batches per update take the same updates, so they keep the
+    same best checkpoint and stop at the same update; a rank that went on alone would hang the job at its next
+    collective (the timeout here)."""
+    overrides = [*data_overrides(prepared), *model_overrides(dropout=0.0), "optim.warmup=2", "optim.lr_scale=20",
+                 "train.max_steps=16", "train.max_tokens=300", "train.valid_every=1", "train.patience=2",
+                 "train.valid_bleu_sentences=0", "train.seed=3", "train.threads=1", "train.save_every_steps=1000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          "-m", "nmt.train", *overrides, f"train.output_dir={tmp_path}/ddp"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    single = subprocess.run([sys.executable, "-m", "nmt.train", *overrides, "train.update_freq=2",
+                             f"train.output_dir={tmp_path}/single"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert ddp.returncode == 0 and single.returncode == 0, ddp.stderr[-3000:] + single.stderr[-3000:]
+    for name in (LAST, BEST):
+        got, want = load_checkpoint(tmp_path / "ddp" / name), load_checkpoint(tmp_path / "single" / name)
+        assert got["step"] == want["step"] and got["best"]["step"] == want["best"]["step"], name
+    assert load_checkpoint(tmp_path / "ddp" / LAST)["step"] < 16  # patience stopped it
+    assert "stopped early at update" in (tmp_path / "ddp" / "train.log").read_text()

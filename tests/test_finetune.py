@@ -12,8 +12,7 @@ from nmt.config import ConfigError, TrainConfig
 from nmt.run_names import init_from_suffix
 from nmt.train import run
 from nmt.training import trainer as train_module
-from tests.conftest import ROOT, data_overrides, micro_config, model_overrides, one_error_line
-from tests.test_train import job
+from tests.conftest import ROOT, data_overrides, micro_config, micro_job, model_overrides, one_error_line
 
 
 def weights_at_first_update(monkeypatch) -> list[dict]:
@@ -31,13 +30,13 @@ def weights_at_first_update(monkeypatch) -> list[dict]:
 
 def test_fine_tuning_starts_from_the_weights_with_a_fresh_optimizer_step_and_data_position(prepared, tmp_path,
                                                                                            monkeypatch):
-    run(job(prepared, tmp_path / "source", max_steps=4))
+    run(micro_job(prepared, tmp_path / "source", max_steps=4))
     source = tmp_path / "source" / "checkpoint_0000004.pt"
     seen = weights_at_first_update(monkeypatch)
-    tuned = job(prepared, tmp_path / "tuned", max_steps=2, seed=5, init_from=str(source))
+    tuned = micro_job(prepared, tmp_path / "tuned", max_steps=2, seed=5, init_from=str(source))
     tuned.model = micro_config(dropout=0.3)  # regularization may differ; the shape may not
     run(tuned)
-    run(job(prepared, tmp_path / "fresh", max_steps=2, seed=5))  # the reference for what starts afresh
+    run(micro_job(prepared, tmp_path / "fresh", max_steps=2, seed=5))  # the reference for what starts afresh
     start = seen[-2][1]  # the fine-tuning run's parameters before its first update: the checkpoint's
     assert start.keys() == load_checkpoint(source)["model"].keys()
     assert all(torch.equal(start[name], tensor) for name, tensor in load_checkpoint(source)["model"].items())
@@ -67,7 +66,7 @@ def test_fine_tuning_starts_from_the_weights_with_a_fresh_optimizer_step_and_dat
 def test_another_model_or_vocabulary_is_refused_in_one_line(prepared, checkpoint, tmp_path):
     """The `checkpoint` fixture: the micro model with max_positions=80, on the prepared data's vocabulary."""
     def tuned(out, init_from, **model):
-        j = job(prepared, tmp_path / out, max_steps=2, init_from=str(init_from))
+        j = micro_job(prepared, tmp_path / out, max_steps=2, init_from=str(init_from))
         j.model = micro_config(**{"max_positions": 80, **model})
         return j
 

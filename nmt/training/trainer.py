@@ -152,7 +152,8 @@ class Trainer:
 
     def train(self) -> str | None:
         """The updates, with checkpoints and validation; every rank takes part throughout. Returns what stopped the
-        run early: "signal" (after a complete checkpoint, every rank at one update), "time" (max_minutes) or None."""
+        run early: "signal" (after a complete checkpoint, every rank at one update), "time" (max_minutes), "patience"
+        (train.patience validations without a better one) or None."""
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         self.restore()
@@ -227,7 +228,7 @@ class Trainer:
             stop = self.best.out_of_patience(self.cfg.patience) and self.step < self.cfg.max_steps
         if self.env.world_size > 1:
             stop = broadcast_flag(self.env, stop)  # a validation is a collective already: no step waits on it
-        if stop:
+        if stop and self.env.main:  # the other ranks hold no score
             log.info("%s", self.best.stop_line(self.cfg.patience, self.step))
         return "patience" if stop else None
 

@@ -125,8 +125,9 @@ class BestValidation:
             return cls(metric.value, validated=state.get("validated", -1))
         return cls(**{**state, "metric": metric.value})
 
-    def stop_line(self, metric_patience: int, step: int) -> str:
+    def stop_line(self, patience: int, step: int) -> str:
         """Why train.patience stopped the run, in one line."""
-        return (f"stopped early at update {step}: train.patience={metric_patience} validations in a row without a "
-                f"better validation {self.metric} (the best: {self.score:.4g} at update {self.step}, kept as "
-                "checkpoint_best.pt)")
+        best = (f"the best: {self.score:.4g} at update {self.step}, kept as checkpoint_best.pt" if self.score is not None
+                else "none was finite")
+        return (f"stopped early at update {step}: train.patience={patience} validations in a row without a better "
+                f"validation {self.metric} ({best})")

@@ -7,19 +7,9 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from nmt.errors import UserError
+from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
 from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule
 from nmt.run_names import cell_name, data_label, init_from_suffix, model_overrides_suffix
-
-
-class ConfigError(UserError, ValueError):
-    """A config value out of its range: the message names the field, the value and what it must be."""
-    every_rank_alike = True  # the same config on every rank: rank 0 says it
-
-
-def require(condition: bool, field: str, value, rule: str) -> None:
-    if not condition:
-        raise ConfigError(f"{field}={value} is invalid: it must be {rule}")
 
 
 def valid_device(name: str) -> bool:
@@ -163,12 +153,10 @@ class TrainConfig:
     log_every: int = 100  # a log line (and TensorBoard scalars) every N updates
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
-    # Each validation keeps output_dir/checkpoint_best.pt, the weights of the best one so far by this metric.
-    best_metric: BestMetric = BestMetric.nll  # nll (lower is better) | bleu (greedy, higher is better)
+    best_metric: BestMetric = BestMetric.nll  # what keeps output_dir/checkpoint_best.pt: nll (lower) or bleu (higher)
     patience: int = 0  # stop after this many validations in a row without a better best_metric; 0 = never early
-    # Fine-tuning: a new run (optimizer, schedule, step and data position fresh) from a checkpoint's model weights;
-    # its vocabulary and model config must be this job's (dropout aside). Read only when output_dir holds no run yet.
-    init_from: Optional[str] = None  # a checkpoint (checkpoint_best.pt, averaged.pt, ...) whose weights start the run
+    # Fine-tuning: the weights of a checkpoint of this model and vocabulary (the optimizer, step and data start afresh)
+    init_from: Optional[str] = None  # a checkpoint whose weights start a new run (read only when output_dir has none)
     max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
@@ -192,10 +180,9 @@ class TrainConfig:
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.score_split in ("test", "valid"), "train.score_split", self.score_split, "test or valid")
         require(self.patience == 0 or self.valid_every > 0, "train.patience", self.patience,
-                "0 with train.valid_every=0 (it counts validations)")
-        require(self.best_metric != BestMetric.bleu or self.valid_every == 0 or self.valid_bleu_sentences > 0,
-                "train.best_metric", self.best_metric.value, "nll with train.valid_bleu_sentences=0 (no BLEU to compare)")
-        require(self.init_from != "", "train.init_from", "''", "a checkpoint's path, or null (no fine-tuning)")
+                "0 with train.valid_every=0")
+        require(self.best_metric != BestMetric.bleu or self.valid_bleu_sentences > 0, "train.best_metric", "bleu",
+                "nll with train.valid_bleu_sentences=0 (no BLEU to compare)")
         return self
 
 

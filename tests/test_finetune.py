@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint, save_checkpoint
-from nmt.config import ConfigError, TrainConfig
 from nmt.run_names import init_from_suffix
 from nmt.train import run
 from nmt.training import trainer as train_module
@@ -95,5 +94,3 @@ def test_a_fine_tuning_run_gets_a_default_folder_of_its_own():
         ".from-tiny_multi30k_en_de-checkpoint_best"
     assert init_from_suffix(["model.clip=4"]) == "" and init_from_suffix(["train.init_from=null"]) == ""
     assert len(init_from_suffix([f"train.init_from={'x' * 300}/a.pt"])) <= 60
-    with pytest.raises(ConfigError, match="train.init_from"):
-        TrainConfig(init_from="").check()

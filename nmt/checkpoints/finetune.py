@@ -4,6 +4,7 @@ vocabulary, else the run is refused in one line naming what differs."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -11,6 +12,9 @@ import torch
 from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint, non_finite
 from nmt.checkpoints.resume import plain, shown
 from nmt.config import model_config_from_dict
+from nmt.data.pipeline import Prepared
+
+log = logging.getLogger("nmt.train")
 
 # What a fine-tuning run may set otherwise than the checkpoint's run: regularization, which shapes no weight.
 MAY_DIFFER = ("dropout",)
@@ -22,10 +26,10 @@ class InitFromRefused(CheckpointError):
     every_rank_alike = True
 
 
-def initial_weights(path: str, model: dict, spm_model: bytes, spm_path: Path) -> dict[str, torch.Tensor]:
+def initial_weights(path: str, model: dict, data: Prepared) -> dict[str, torch.Tensor]:
     """The model weights of checkpoint `path` (any checkpoint nmt.train or nmt.average wrote) for a run of `model`
-    (the job's model config, plain values) on the vocabulary `spm_model` (the prepared data's, read from spm_path).
-    InitFromRefused, naming train.init_from and everything that differs, when the checkpoint cannot start this run."""
+    (the job's model config, plain values) on `data`'s vocabulary. InitFromRefused, naming train.init_from and
+    everything that differs, when the checkpoint cannot start this run."""
     field = f"train.init_from={path}"
     try:
         state = load_checkpoint(path, mmap=True)  # mapped: a whole training state's optimizer is never read in
@@ -35,13 +39,15 @@ def initial_weights(path: str, model: dict, spm_model: bytes, spm_path: Path) ->
         raise InitFromRefused(f"{field}: no vocabulary or config inside: fine-tune from a checkpoint nmt.train or "
                               "nmt.average wrote")
     differs = model_differences(model, state["config"].get("model", {}))
-    if state["vocab"].numpy().tobytes() != spm_model:
-        differs.append(f"its vocabulary is another SentencePiece model than the prepared data's {spm_path} (fine-tune "
-                       "on data prepared with the checkpoint's vocabulary)")
+    if state["vocab"].numpy().tobytes() != data.spm_model:
+        differs.append(f"its vocabulary is another SentencePiece model than the prepared data's "
+                       f"{data.directory / 'spm.model'} (fine-tune on data prepared with the checkpoint's vocabulary)")
     if differs:
         raise InitFromRefused(f"{field} cannot start this run: {'; '.join(differs)}")
     if broken := non_finite(state["model"]):
         raise InitFromRefused(f"{field}: {broken}: fine-tune from another of its run's checkpoints")
+    log.info("fine-tuning from the weights of %s (train.init_from, update %s of its run); the optimizer, schedule, "
+             "step and data position start afresh", Path(path).resolve(), state.get("step", "?"))
     return state["model"]
 
 

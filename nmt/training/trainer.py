@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from nmt.cell import plain_job
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
-from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng, save_best
+from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng
 from nmt.checkpoints.finetune import initial_weights
 from nmt.checkpoints.folder_lock import announce_stopping
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
@@ -30,7 +30,6 @@ from nmt.runtime import (
     Env,
     autocast,
     autocast_dtype,
-    broadcast_flag,
     parallelize,
     rng_state,
     set_rng_state,
@@ -38,21 +37,20 @@ from nmt.runtime import (
     sum_over_ranks,
 )
 from nmt.training.batch import effective_batch_line, effective_tokens, micro_batches
+from nmt.training.best import BestCheckpoint
 from nmt.training.loss import smoothed_loss
 from nmt.training.metrics import Metrics, UpdateStats
 from nmt.training.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
-from nmt.training.validate import BestValidation, Validator
+from nmt.training.validate import Validator
 
 log = logging.getLogger("nmt.train")
 
 
 class Trainer:
-    """The training state (model, optimizer, loss scaler, data position), one update (train_step) and the loop
-    around it (train: checkpoints, validation, signals, logging). Every rank builds one."""
+    """A run's state, one update (train_step) and the loop around it (train; see the module). Every rank builds one."""
 
     def __init__(self, job: TrainJob, env: Env):
-        self.job, self.env, self.cfg = job, env, job.train
-        self.out = Path(self.cfg.output_dir)
+        self.job, self.env, self.cfg, self.out = job, env, job.train, Path(job.train.output_dir)
         self.data = open_prepared(job.data)  # DataError when missing or damaged since prepare
         check_ranks_agree(env, self.data.directory, self.data.fingerprint())  # before any rank trains on it
         torch.manual_seed(self.cfg.seed)
@@ -68,22 +66,21 @@ class Trainer:
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
-        self.best = BestValidation(self.cfg.best_metric.value)  # checkpoint_best.pt's validation, train.patience's count
+        self.best = BestCheckpoint(env, self.out, self.cfg, partial(self.state_dict, saved_for="best"))
         self.metrics: Metrics | None = None  # opened by train(), at the update it starts from
         self.final_valid, self.final_started, self.stopped_by = None, 0.0, None  # final validation; stop signal
         self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
 
     def state_dict(self, rng: list[dict] | None = None, saved_for: str = "cadence") -> dict:
         """The whole training state; rng: each rank's generator states (default: this one's); saved_for: "cadence",
-        "end" (the last update) or "signal" (a stop off the cadence, which nmt.average leaves out)."""
+        "end" (the last update), "best" or "signal" (a stop off the cadence, which nmt.average leaves out)."""
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
-            "data": self.data.identity,
+            "data": self.data.identity, "best": self.best.state_dict(),
             "config": plain_job(self.job), "saved_for": saved_for, "train_seconds": self.train_seconds(),
-            "best": self.best.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -92,7 +89,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], global_data_position(state)
         self.earlier_seconds = state.get("train_seconds", 0.0)
-        self.best = BestValidation.resumed(state.get("best"), self.cfg.best_metric)
+        self.best.load_state_dict(state.get("best"))
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
 
     def train_seconds(self) -> float:
@@ -152,11 +149,15 @@ class Trainer:
 
     def train(self) -> str | None:
         """The updates, with checkpoints and validation; every rank takes part throughout. Returns what stopped the
-        run early: "signal" (after a complete checkpoint, every rank at one update), "time" (max_minutes), "patience"
-        (train.patience validations without a better one) or None."""
+        run early: "signal" (a complete checkpoint, every rank at one update), "time", "patience" or None."""
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
-        self.restore()
+        if (state := self.checkpoints.resume(cfg.save_every_steps)) is not None:
+            batch = effective_tokens(env.world_size, cfg.max_tokens, self.update_freq)
+            check_same_run(state, plain_job(self.job), self.data, batch, self.out)
+            self.load_state_dict(state)
+        elif cfg.init_from is not None:
+            self.model.load_state_dict(initial_weights(cfg.init_from, plain_job(self.job)["model"], self.data))
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         check_attention(self.attention, self.job.model, self.amp_dtype, env.device)
@@ -167,9 +168,8 @@ class Trainer:
                                             self.epoch, self.batch_index),
                             depth=2 * self.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
-        stop = None
         with stop_signals(env.main, on_stop=announce_stopping) as signals, contextlib.closing(stream):
-            stop = self.resumed_validation()
+            stop = self.best.resumed(self.step, lambda: self.validate(self.model), self.metrics)
             while self.step < cfg.max_steps and stop is None:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
                 due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
@@ -179,8 +179,7 @@ class Trainer:
                 if stats.skipped:
                     continue
                 self.metrics.update(self.step, stats.scalars(), self.step % cfg.log_every == 0 or self.step == 1)
-                if cfg.valid_every and self.step % cfg.valid_every == 0 and not stop:
-                    stop = self.validate_now()
+                stop = stop or self.best.validation(self.step, lambda: self.validate(self.model), self.metrics)
                 on_cadence = self.step % cfg.save_every_steps == 0 or stats.save_due
                 if on_cadence or stop:
                     saved_for = "cadence" if on_cadence else "signal" if stop == "signal" else "end"
@@ -198,53 +197,6 @@ class Trainer:
         self.stopped_by = signals["received"]
         log_stop(stop, self.stopped_by, self.step, self.out, cfg.max_minutes)
         return stop
-
-    def restore(self) -> None:
-        """The folder's run, resumed where it stopped (refused when this job is another run); else, with
-        train.init_from, a new run from that checkpoint's model weights (refused when its model or vocabulary is
-        not this job's), every other part of the state fresh."""
-        cfg, env = self.cfg, self.env
-        if (state := self.checkpoints.resume(cfg.save_every_steps)) is not None:
-            batch = effective_tokens(env.world_size, cfg.max_tokens, self.update_freq)
-            check_same_run(state, plain_job(self.job), self.data, batch, self.out)
-            self.load_state_dict(state)
-        elif cfg.init_from is not None:
-            self.model.load_state_dict(initial_weights(cfg.init_from, plain_job(self.job)["model"],
-                                                       self.data.spm_model, self.data.directory / "spm.model"))
-            log.info("fine-tuning from the weights of %s (train.init_from); optimizer, schedule, step and data "
-                     "position start afresh", Path(cfg.init_from).resolve())
-
-    def validate_now(self) -> str | None:
-        """Validation at this update: logged, and on rank 0 its weights kept as checkpoint_best.pt when it is the
-        best so far by train.best_metric. Returns "patience" when train.patience validations in a row brought no
-        better one before train.max_steps: rank 0's decision (it alone has BLEU), the same on every rank."""
-        scores = self.validate(self.model)
-        self.metrics.log("valid", self.step, scores)
-        self.best.validated = self.step
-        stop = False
-        if self.env.main:
-            if self.best.record(self.step, scores):
-                save_best(self.state_dict(saved_for="best"), self.out, self.best.state_dict())
-            stop = self.best.out_of_patience(self.cfg.patience) and self.step < self.cfg.max_steps
-        if self.env.world_size > 1:
-            stop = broadcast_flag(self.env, stop)  # a validation is a collective already: no step waits on it
-        if stop and self.env.main:  # the other ranks hold no score
-            log.info("%s", self.best.stop_line(self.cfg.patience, self.step))
-        return "patience" if stop else None
-
-    def resumed_validation(self) -> str | None:
-        """What an uninterrupted run decided at the update this one resumes at: "patience" when train.patience
-        had ended the run there; the validation there that a stop skipped (a signal at an update of
-        train.valid_every), run now, and its decision. None on a new run."""
-        cfg = self.cfg
-        if not 0 < self.step < cfg.max_steps:
-            return None
-        if self.best.out_of_patience(cfg.patience):
-            log.info("%s", self.best.stop_line(cfg.patience, self.step))
-            return "patience"
-        if cfg.valid_every and self.step % cfg.valid_every == 0 and self.best.validated != self.step:
-            return self.validate_now()
-        return None
 
     def finish(self) -> None:
         """Rank 0 alone, after the process group is gone: its BLEU and average cannot trip a collective timeout."""

@@ -1,12 +1,10 @@
 """Validation during training: the label-smoothed loss and perplexity on the validation set (every rank, summed
-over ranks), greedy BLEU on its first sentences (one rank; a progress signal, not a result), and which validation
-was the best so far (checkpoint_best.pt, train.patience)."""
+over ranks), and greedy BLEU on its first sentences (one rank; a progress signal, not a result)."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -20,7 +18,6 @@ from nmt.data.readers import read_lines
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.decoding.decode import translate_lines
-from nmt.modes import BestMetric
 from nmt.runtime import Env, autocast
 from nmt.training.loss import smoothed_loss
 
@@ -81,53 +78,3 @@ class Validator:
         decoding, bounded per line)."""
         return {**self.loss(model), **self.bleu(model)}
 
-
-# Each metric's entry in a validation's scores and whether a higher score is better.
-SCORES = {BestMetric.nll: ("nll", False), BestMetric.bleu: ("bleu_greedy", True)}
-
-
-@dataclass
-class BestValidation:
-    """The best validation so far by one metric and how many validations since were no better (train.patience's
-    count). Part of the training state: a resumed run decides as an uninterrupted one."""
-
-    metric: str = BestMetric.nll.value  # train.best_metric
-    score: float | None = None  # the best score so far (None: no validation yet)
-    step: int = -1  # the update it was at: what checkpoint_best.pt holds
-    since: int = 0  # validations since the best one, none of them better
-    validated: int = -1  # the update of the last validation (kept on every rank; the scores on rank 0 only)
-
-    def record(self, step: int, scores: dict) -> bool:
-        """The validation at update `step`: whether it is the best so far (a first finite score is; ties and a
-        non-finite score are not)."""
-        key, higher = SCORES[BestMetric(self.metric)]
-        score = scores[key]
-        better = self.score is None or (score > self.score if higher else score < self.score)
-        if math.isfinite(score) and better:
-            self.score, self.step, self.since = score, step, 0
-            return True
-        self.since += 1
-        return False
-
-    def out_of_patience(self, patience: int) -> bool:
-        """train.patience validations in a row without a better one (patience 0: never)."""
-        return patience > 0 and self.since >= patience
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def resumed(cls, state: dict | None, metric: BestMetric) -> "BestValidation":
-        """The saved record for train.best_metric `metric`; a record of another metric (changed on a resume) keeps
-        only its last validation's update: the best is chosen afresh from the next validation."""
-        state = state or {}
-        if state.get("metric", metric.value) != metric.value:
-            return cls(metric.value, validated=state.get("validated", -1))
-        return cls(**{**state, "metric": metric.value})
-
-    def stop_line(self, patience: int, step: int) -> str:
-        """Why train.patience stopped the run, in one line."""
-        best = (f"the best: {self.score:.4g} at update {self.step}, kept as checkpoint_best.pt" if self.score is not None
-                else "none was finite")
-        return (f"stopped early at update {step}: train.patience={patience} validations in a row without a better "
-                f"validation {self.metric} ({best})")

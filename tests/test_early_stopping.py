@@ -15,8 +15,10 @@ from nmt.average import average
 from nmt.checkpoints.checkpoint import BEST, LAST, load_checkpoint, numbered_checkpoints, save_best
 from nmt.config import ConfigError, TrainConfig
 from nmt.errors import Stopped, UserError
+from nmt.modes import BestMetric
 from nmt.train import run
 from nmt.training import trainer as train_module
+from nmt.training.best import BestValidation
 from nmt.training.validate import Validator
 from tests.conftest import ROOT, data_overrides, micro_job, model_overrides
 
@@ -74,8 +76,9 @@ def test_best_checkpoint_holds_the_best_validations_weights_and_patience_ends_th
     with pytest.raises(UserError, match="checkpoint_best.pt"):  # nor does nmt.average write over it
         average(str(tmp_path), 1, str(tmp_path / BEST))
 
-    from nmt.decoding.decode import load_translator, translate_lines  # decoding takes it as it is
     from nmt.config import SearchConfig
+    from nmt.decoding.decode import load_translator, translate_lines  # decoding takes it as it is
+
     model, vocab = load_translator(tmp_path / BEST, torch.device("cpu"))
     assert len(translate_lines(model, vocab, ["A dog runs.", ""], SearchConfig(beam=2, max_extra=5))) == 2
 
@@ -153,3 +156,10 @@ def test_under_torchrun_rank_0_decides_and_every_rank_stops_at_the_same_update(p
         assert got["step"] == want["step"] and got["best"]["step"] == want["best"]["step"], name
     assert load_checkpoint(tmp_path / "ddp" / LAST)["step"] < 16  # patience stopped it
     assert "stopped early at update" in (tmp_path / "ddp" / "train.log").read_text()
+
+
+def test_another_metric_on_a_resume_chooses_the_best_afresh():
+    record = BestValidation("nll", score=2.0, step=4, since=3, validated=8)
+    assert BestValidation.resumed(record.state_dict(), BestMetric.nll) == record
+    assert BestValidation.resumed(record.state_dict(), BestMetric.bleu) == BestValidation("bleu", validated=8)
+    assert BestValidation.resumed(None, BestMetric.nll) == BestValidation("nll")  # a state saved before it existed

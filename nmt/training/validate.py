@@ -77,4 +77,3 @@ class Validator:
         """Loss (every rank) and BLEU (rank 0, while the others wait at their next collective: a few seconds of
         decoding, bounded per line)."""
         return {**self.loss(model), **self.bleu(model)}
-

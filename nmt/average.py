@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
 from nmt.checkpoints.checkpoint import (
+    BEST,
     LAST,
     PREVIOUS,
     CheckpointError,
@@ -42,7 +43,7 @@ def average(directory: str, last: int, output: str | None = None) -> Path:
     if len(paths) < last:
         raise CheckpointError(f"asked for the last {last} checkpoints, {directory} has {len(paths)} regular ones"
                               + (f" ({len(left_out)} more saved at a signal, left out)" if left_out else ""))
-    run_files = [*numbered_checkpoints(directory), Path(directory) / LAST, Path(directory) / PREVIOUS]
+    run_files = [*numbered_checkpoints(directory), *(Path(directory) / name for name in (LAST, PREVIOUS, BEST))]
     output_file("output", output, {f"run's checkpoint {p.name}": p for p in run_files})  # a folder, or what it averages
     log.info("%s", averaging_note(paths, left_out, write_average(paths, output)))
     return Path(output)

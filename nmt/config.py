@@ -7,19 +7,9 @@ from typing import Optional
 
 from omegaconf import MISSING
 
-from nmt.errors import UserError
-from nmt.modes import Attention, Norm, Position, Precision, Schedule
-from nmt.run_names import cell_name, data_label, model_overrides_suffix
-
-
-class ConfigError(UserError, ValueError):
-    """A config value out of its range: the message names the field, the value and what it must be."""
-    every_rank_alike = True  # the same config on every rank: rank 0 says it
-
-
-def require(condition: bool, field: str, value, rule: str) -> None:
-    if not condition:
-        raise ConfigError(f"{field}={value} is invalid: it must be {rule}")
+from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
+from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule
+from nmt.run_names import cell_name, data_label, init_from_suffix, model_overrides_suffix
 
 
 def valid_device(name: str) -> bool:
@@ -104,8 +94,7 @@ class DataConfig:
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
     prepared_dir: Optional[str] = None  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
     chunk_lines: int = 10_000  # pairs encoded per chunk (a worker's task): memory is 2 chunks per worker
-    # The prepared folder is the same bytes whatever the number of workers.
-    workers: int = 0  # processes that encode and binarize (0 = one per core this process may use)
+    workers: int = 0  # processes that encode and binarize (0 = one per core); the same bytes on any number
 
     def check(self) -> "DataConfig":
         require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
@@ -166,6 +155,9 @@ class TrainConfig:
     log_every: int = 100  # a log line (and TensorBoard scalars) every N updates
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
+    best_metric: BestMetric = BestMetric.nll  # what keeps output_dir/checkpoint_best.pt: nll (lower) or bleu (higher)
+    patience: int = 0  # stop after this many validations in a row without a better best_metric; 0 = never early
+    init_from: Optional[str] = None  # fine-tuning: a checkpoint whose weights start a new run (optimizer, step afresh)
     max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
     threads: int = 0  # CPU threads per process; 0 = cores / local processes
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
@@ -177,17 +169,22 @@ class TrainConfig:
 
     def check(self) -> "TrainConfig":
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
+        self.best_metric = BestMetric(self.best_metric)
         for name in ("max_steps", "max_tokens", "save_every_steps", "log_every", "max_bad_updates"):
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
         require(self.update_freq is None or self.update_freq >= 1, "train.update_freq", self.update_freq,
                 ">= 1 or null (derived from train.tokens_per_update)")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines"):
+                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines", "patience"):
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
         require(valid_device(self.device), "train.device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.score_split in ("test", "valid"), "train.score_split", self.score_split, "test or valid")
+        require(self.patience == 0 or self.valid_every > 0, "train.patience", self.patience,
+                "0 with train.valid_every=0")
+        require(self.best_metric != BestMetric.bleu or self.valid_bleu_sentences > 0, "train.best_metric", "bleu",
+                "nll with train.valid_bleu_sentences=0 (no BLEU to compare)")
         return self
 
 
@@ -295,7 +292,7 @@ def register_schemas() -> None:
     from omegaconf import OmegaConf
 
     for name, resolver in {"model_overrides": model_overrides_suffix, "cell_name": cell_name,
-                           "data_label": data_label}.items():
+                           "data_label": data_label, "init_from": init_from_suffix}.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)
     store = ConfigStore.instance()
     for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,

@@ -17,5 +17,16 @@ class UserError(Exception):
     every_rank_alike = False  # under torchrun every rank raises the same one: rank 0 alone says it (nmt.cli)
 
 
+class ConfigError(UserError, ValueError):
+    """A config value out of its range: the message names the field, the value and what it must be."""
+    every_rank_alike = True  # the same config on every rank: rank 0 says it
+
+
+def require(condition: bool, field: str, value, rule: str) -> None:
+    """The check of one config value (nmt/config.py): ConfigError naming the field, the value and the rule."""
+    if not condition:
+        raise ConfigError(f"{field}={value} is invalid: it must be {rule}")
+
+
 class Stopped(Exception):
     """A signal stopped the job after its last save: run the same command again to continue."""

@@ -56,3 +56,10 @@ class Attention(str, Enum):
 class Schedule(str, Enum):
     inverse_sqrt = "inverse_sqrt"  # Vaswani et al. 2017 and the paper: warmup, then decay as step^-0.5
     linear = "linear"  # same warmup and peak, then linear decay to 0 at train.max_steps (short budgets)
+
+
+class BestMetric(str, Enum):
+    """What makes a validation the best so far (train.best_metric): checkpoint_best.pt and train.patience's count."""
+
+    nll = "nll"  # the validation set's per-token negative log-likelihood: lower is better
+    bleu = "bleu"  # greedy BLEU on the first train.valid_bleu_sentences validation sentences: higher is better

@@ -18,7 +18,7 @@ from typing import Optional
 RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_minutes", "keep_last", "average_last",
                   "log_every", "valid_every", "valid_bleu_sentences", "max_bad_updates", "output_dir", "device",
                   "threads", "compile", "deterministic", "attention", "tokens_per_update", "update_freq", "score_split", "score_lines",
-                  "dry_run")
+                  "best_metric", "patience", "dry_run")
 # Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
 # digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
 DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines", "workers")
@@ -31,6 +31,18 @@ def model_overrides_suffix(overrides) -> str:
     plain = [str(o).lstrip("+").replace("~model.", "model.no-", 1) for o in overrides]  # ++model.x=, ~model.x
     picked = sorted(o.removeprefix("model.").replace("=", "-") for o in plain if o.startswith("model."))
     return capped("".join("." + re.sub(r"[^A-Za-z0-9_.-]", "-", name) for name in picked), ".h")
+
+
+def init_from_suffix(overrides) -> str:
+    """".from-<run folder>-<checkpoint>" for a train.init_from override (".from-tiny_multi30k_en_de-checkpoint_best"),
+    "" for none: a fine-tuning run's default folder (configs/train.yaml) is its own, never the run it starts from
+    (which it would otherwise try to resume, and be refused)."""
+    paths = [str(o).split("=", 1)[1] for o in overrides if str(o).lstrip("+").startswith("train.init_from=")]
+    if not paths or paths[-1] in ("", "null"):
+        return ""
+    path = Path(paths[-1])
+    name = "-".join(part for part in (path.parent.name, path.stem) if part)
+    return capped(".from-" + re.sub(r"[^A-Za-z0-9_.-]", "-", name), ".h", DATA_LABEL_MAX)
 
 
 def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:

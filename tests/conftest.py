@@ -31,6 +31,16 @@ def micro_config(**overrides) -> ModelConfig:
     return ModelConfig(**{**MICRO_MODEL, **overrides})
 
 
+def micro_job(data: DataConfig, out: Path, **train):
+    """A few updates of the micro model on a prepared corpus (the `prepared` fixture), in `out`."""
+    from nmt.config import OptimConfig, TrainConfig, TrainJob
+
+    fields = dict(max_steps=6, max_tokens=600, save_every_steps=2, keep_last=10, log_every=1, valid_every=0,
+                  output_dir=str(out), threads=1, seed=3)
+    return TrainJob(model=micro_config(), data=data,
+                    optim=OptimConfig(warmup=4, lr_scale=2.0), train=TrainConfig(**{**fields, **train}))
+
+
 def model_overrides(**overrides) -> list[str]:
     """The micro model as nmt.train's command-line overrides."""
     return [f"model.{k}={v}" for k, v in {**MICRO_MODEL, **overrides}.items()]

@@ -56,8 +56,10 @@ RULES = [
     (r"^relnmt-translate checkpoint=outputs/my_en_fr/last5.pt input=", " beam=1 max_extra=5"),
     (r"^relnmt-experiment --output outputs/my_en_fr",
      " train.max_steps=4 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0 --lines 10"),
-    (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",
-     " train.max_steps=6 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"),
+    (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",  # validated once: best
+     " train.max_steps=6 train.save_every_steps=2 train.valid_every=6 train.valid_bleu_sentences=0"),
+    (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.init_from=",
+     " train.max_steps=4 train.save_every_steps=2 train.valid_every=2 train.valid_bleu_sentences=0"),
     (r"^relnmt-prepare \.\.\. force=true$", "replace: relnmt-prepare data=multi30k_en_de force=true"),
     (r"^python -m nmt.kernels.resources$", ' --arch 90 --only "bfloat16 D=64 R=15 decode" --jobs 2'),
     (r"^python -m pytest ", "skip: part of the suite this test belongs to"),

@@ -20,7 +20,7 @@ from nmt.checkpoints.checkpoint import (
     numbered_checkpoints,
     save_checkpoint,
 )
-from nmt.config import ModelConfig, OptimConfig, TrainConfig, TrainJob
+from nmt.config import ModelConfig, OptimConfig
 from nmt.data.batching import make_batches
 from nmt.data.pipeline import prepared_dir
 from nmt.data.shards import EncodedSplit
@@ -30,13 +30,7 @@ from nmt.training import trainer as train_module
 from nmt.training.loss import smoothed_loss
 from nmt.training.optim import inverse_sqrt_lr, linear_decay_lr, make_optimizer, peak_lr, set_learning_rate
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
-
-
-def job(data, out: Path, **train) -> TrainJob:
-    fields = dict(max_steps=6, max_tokens=600, save_every_steps=2, keep_last=10, log_every=1, valid_every=0,
-                  output_dir=str(out), threads=1, seed=3)
-    return TrainJob(model=micro_config(), data=data,
-                    optim=OptimConfig(warmup=4, lr_scale=2.0), train=TrainConfig(**{**fields, **train}))
+from tests.conftest import micro_job as job
 
 
 def params(path) -> dict:

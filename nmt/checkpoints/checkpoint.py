@@ -8,7 +8,9 @@ A checkpoint is a dict of tensors and plain containers. What a run writes in its
   "vocab", "step": a third of the full state (no Adam moments);
 - checkpoint_last.pt: the whole training state, for resuming: also "optimizer", "scaler", "epoch", "batch"
   (data position), "rng" (one entry per rank);
-- checkpoint_prev.pt: the whole state of the save before, so a damaged checkpoint_last.pt still resumes.
+- checkpoint_prev.pt: the whole state of the save before, so a damaged checkpoint_last.pt still resumes;
+- checkpoint_best.pt: a numbered checkpoint's contents at the best validation so far (train.best_metric), with
+  "best" (metric, score, update); not numbered, so averaging's "last N" never takes it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 LAST = "checkpoint_last.pt"
 PREVIOUS = "checkpoint_prev.pt"
+BEST = "checkpoint_best.pt"
 WEIGHTS = ("model", "config", "vocab", "data", "step", "saved_for")  # what a numbered checkpoint keeps
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt$")
 
@@ -143,9 +146,30 @@ def save_training_state(state: dict, out: Path, keep_last: int, resumable: int) 
         log.info("saved %s", save_numbered(state, out, state["step"], keep_last))
         return True
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as RuntimeError (inline_container)
-        reason = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
         log.error("could not save update %d in %s (%s); the earlier checkpoints are intact (resumable from update "
-                  "%d); the next save tries again", state["step"], out, reason, max(resumable, 0))
+                  "%d); the next save tries again", state["step"], out, write_failure(err), max(resumable, 0))
+        return False
+
+
+def write_failure(err: Exception) -> str:
+    """Why a checkpoint was not written, in a few words: the OS's reason (a full disk), else torch.save's first line."""
+    return getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def save_best(state: dict, out: Path, best: dict) -> bool:
+    """out/checkpoint_best.pt (rank 0): the numbered checkpoint's part of the training state `state`, with `best`
+    (metric, score, update), written atomically. Never a non-finite weight, and a failed write (a full disk) is one
+    error line: the run goes on, and the next better validation writes it again. Returns whether it was written."""
+    if broken := non_finite(state["model"]):
+        log.error("update %d not kept as %s: %s", state["step"], BEST, broken)
+        return False
+    try:
+        save_checkpoint({**{key: state[key] for key in WEIGHTS if key in state}, "saved_for": "best", "best": best},
+                        out / BEST)
+        return True
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as RuntimeError (inline_container)
+        log.error("could not keep update %d as %s in %s (%s); the next better validation tries again", state["step"],
+                  BEST, out, write_failure(err))
         return False
 
 

@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 
 from nmt.cell import plain_job
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
-from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, numbered_checkpoints, rank_rng
+from nmt.checkpoints.checkpoint import BEST, Checkpointer, global_data_position, numbered_checkpoints, rank_rng
+from nmt.checkpoints.finetune import initial_weights
 from nmt.checkpoints.folder_lock import announce_stopping
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
 from nmt.config import ModelConfig, TrainJob
@@ -36,6 +37,7 @@ from nmt.runtime import (
     sum_over_ranks,
 )
 from nmt.training.batch import effective_batch_line, effective_tokens, micro_batches
+from nmt.training.best import BestCheckpoint
 from nmt.training.loss import smoothed_loss
 from nmt.training.metrics import Metrics, UpdateStats
 from nmt.training.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
@@ -45,12 +47,10 @@ log = logging.getLogger("nmt.train")
 
 
 class Trainer:
-    """The training state (model, optimizer, loss scaler, data position), one update (train_step) and the loop
-    around it (train: checkpoints, validation, signals, logging). Every rank builds one."""
+    """A run's state, one update (train_step) and the loop around it (train; see the module). Every rank builds one."""
 
     def __init__(self, job: TrainJob, env: Env):
-        self.job, self.env, self.cfg = job, env, job.train
-        self.out = Path(self.cfg.output_dir)
+        self.job, self.env, self.cfg, self.out = job, env, job.train, Path(job.train.output_dir)
         self.data = open_prepared(job.data)  # DataError when missing or damaged since prepare
         check_ranks_agree(env, self.data.directory, self.data.fingerprint())  # before any rank trains on it
         torch.manual_seed(self.cfg.seed)
@@ -66,19 +66,20 @@ class Trainer:
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype)
+        self.best = BestCheckpoint(env, self.out, self.cfg, partial(self.state_dict, saved_for="best"))
         self.metrics: Metrics | None = None  # opened by train(), at the update it starts from
         self.final_valid, self.final_started, self.stopped_by = None, 0.0, None  # final validation; stop signal
         self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
 
     def state_dict(self, rng: list[dict] | None = None, saved_for: str = "cadence") -> dict:
         """The whole training state; rng: each rank's generator states (default: this one's); saved_for: "cadence",
-        "end" (the last update) or "signal" (a stop off the cadence, which nmt.average leaves out)."""
+        "end" (the last update), "best" or "signal" (a stop off the cadence, which nmt.average leaves out)."""
         return {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "batch": self.batch_index,
             "rng": rng or [rng_state(self.env.device)], "world_size": self.env.world_size,
             "vocab": torch.frombuffer(bytearray(self.data.spm_model), dtype=torch.uint8),
-            "data": self.data.identity,
+            "data": self.data.identity, "best": self.best.state_dict(),
             "config": plain_job(self.job), "saved_for": saved_for, "train_seconds": self.train_seconds(),
         }
 
@@ -88,6 +89,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], global_data_position(state)
         self.earlier_seconds = state.get("train_seconds", 0.0)
+        self.best.load_state_dict(state.get("best"))
         set_rng_state(rank_rng(state, self.env.rank, self.env.world_size), self.env.device)
 
     def train_seconds(self) -> float:
@@ -147,13 +149,15 @@ class Trainer:
 
     def train(self) -> str | None:
         """The updates, with checkpoints and validation; every rank takes part throughout. Returns what stopped the
-        run early: "signal" (after a complete checkpoint, every rank at one update), "time" (max_minutes) or None."""
+        run early: "signal" (a complete checkpoint, every rank at one update), "time", "patience" or None."""
         cfg, env = self.cfg, self.env
         self.out.mkdir(parents=True, exist_ok=True)
         if (state := self.checkpoints.resume(cfg.save_every_steps)) is not None:
             batch = effective_tokens(env.world_size, cfg.max_tokens, self.update_freq)
             check_same_run(state, plain_job(self.job), self.data, batch, self.out)
             self.load_state_dict(state)
+        elif cfg.init_from is not None:
+            self.model.load_state_dict(initial_weights(cfg.init_from, plain_job(self.job)["model"], self.data))
         if env.main:  # after the check: a refused run leaves the folder's record of its own run alone
             (self.out / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.job)))
         check_attention(self.attention, self.job.model, self.amp_dtype, env.device)
@@ -164,9 +168,9 @@ class Trainer:
                                             self.epoch, self.batch_index),
                             depth=2 * self.update_freq, pin_memory=env.device.type == "cuda")
         self.start_time = last_save = time.monotonic()
-        validated, stop = -1, None
         with stop_signals(env.main, on_stop=announce_stopping) as signals, contextlib.closing(stream), \
                 contextlib.closing(self.metrics):  # the bar closed however the loop ends (a second Ctrl-C too)
+            stop = self.best.resumed(self.step, lambda: self.validate(self.model), self.metrics)
             while self.step < cfg.max_steps and stop is None:
                 out_of_time = cfg.max_minutes > 0 and time.monotonic() - self.start_time > cfg.max_minutes * 60
                 due = cfg.save_every_minutes > 0 and time.monotonic() - last_save > cfg.save_every_minutes * 60
@@ -176,9 +180,7 @@ class Trainer:
                 if stats.skipped:
                     continue
                 self.metrics.update(self.step, stats.scalars(), self.step % cfg.log_every == 0 or self.step == 1)
-                if cfg.valid_every and self.step % cfg.valid_every == 0 and not stop:
-                    self.metrics.log("valid", self.step, self.validate(self.model))
-                    validated = self.step
+                stop = stop or self.best.validation(self.step, lambda: self.validate(self.model), self.metrics)
                 on_cadence = self.step % cfg.save_every_steps == 0 or stats.save_due
                 if on_cadence or stop:
                     saved_for = "cadence" if on_cadence else "signal" if stop == "signal" else "end"
@@ -187,7 +189,7 @@ class Trainer:
                     last_save = time.monotonic()
         if self.checkpoints.saved_step != self.step:
             self.checkpoints.save(partial(self.state_dict, saved_for="end"), self.step, final=True)
-        if stop != "signal" and validated != self.step:
+        if stop != "signal" and self.best.validated != self.step:
             self.final_started = time.monotonic()
             log.info("final validation at update %d: loss on the validation set, then greedy BLEU on %d sentences",
                      self.step, cfg.valid_bleu_sentences)
@@ -260,6 +262,8 @@ def next_steps(out: Path, average_last: int, last_valid: tuple[int, dict] | None
     model = out / "averaged.pt" if average_last > 0 else numbered_checkpoints(out)[-1]
     lines.append(f"the model to use: {model}" + (f" (the average of the last {average_last} checkpoints)"
                                                  if average_last > 0 else " (the newest checkpoint)"))
+    if (out / BEST).is_file():
+        lines.append(f"the best on validation (train.best_metric): {out / BEST}")
     if (prepared / f"test.{src}").is_file():
         hyp = out / f"test.hyp.{tgt}"
         lines.append(f"next: relnmt-translate checkpoint={model} input={prepared / f'test.{src}'} output={hyp} && "

@@ -257,8 +257,9 @@ def next_steps(out: Path, average_last: int, last_valid: tuple[int, dict] | None
     lines = []
     if last_valid is not None:
         step, valid = last_valid
-        bleu = f", greedy BLEU {valid['bleu_greedy']:.2f}" if "bleu_greedy" in valid else ""
-        lines.append(f"last validation (update {step}): nll {valid['nll']:.3f}, ppl {valid['ppl']:.2f}{bleu}")
+        said = [f"{name} {valid[key]:.{digits}f}" for key, name, digits in
+                (("nll", "nll", 3), ("ppl", "ppl", 2), ("bleu_greedy", "greedy BLEU", 2)) if key in valid]
+        lines.append(f"last validation (update {step}): {', '.join(said)}")
     model = out / "averaged.pt" if average_last > 0 else numbered_checkpoints(out)[-1]
     lines.append(f"the model to use: {model}" + (f" (the average of the last {average_last} checkpoints)"
                                                  if average_last > 0 else " (the newest checkpoint)"))

@@ -168,6 +168,9 @@ class TrainConfig:
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
     deterministic: bool = False  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
+    # The output layer and loss take this many target tokens at a time (nmt/training/loss.py): the (tokens, vocabulary)
+    # logits of a whole micro-batch never exist, and the loss and gradients are the same. 0 = all at once.
+    loss_chunk_tokens: int = 1024
     score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
 
@@ -178,7 +181,7 @@ class TrainConfig:
         require(self.update_freq is None or self.update_freq >= 1, "train.update_freq", self.update_freq,
                 ">= 1 or null (derived from train.tokens_per_update)")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines"):
+                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines", "loss_chunk_tokens"):
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")

@@ -35,7 +35,7 @@ from nmt.runtime import (
     sum_over_ranks,
 )
 from nmt.training.batch import effective_batch_line, effective_tokens, micro_batches
-from nmt.training.loss import smoothed_loss
+from nmt.training.loss import output_loss
 from nmt.training.metrics import Metrics, UpdateStats
 from nmt.training.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
 from nmt.training.validate import Validator
@@ -64,7 +64,7 @@ class Trainer:
         self.skips = SkipGuard(self.cfg.max_bad_updates)
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
-                                  job.optim.label_smoothing, env, self.amp_dtype)
+                                  job.optim.label_smoothing, env, self.amp_dtype, self.cfg.loss_chunk_tokens)
         self.metrics: Metrics | None = None  # opened by train(), at the update it starts from
         self.final_valid, self.final_started, self.stopped_by = None, 0.0, None  # final validation; stop signal
         self.start_time, self.earlier_seconds = time.monotonic(), 0.0  # this session, the sessions before it
@@ -99,9 +99,11 @@ class Trainer:
         return [batch for _, _, batch in items]
 
     def forward_loss(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sums of the micro-batch's label-smoothed loss and NLL; model: self.model, or what training calls."""
         with autocast(self.env.device, self.amp_dtype):
-            logits = model(batch.src, batch.tgt_in)
-        return smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
+            hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, Nt, d): the loss projects it
+        return output_loss(hidden, self.model.output_weight, batch.tgt_out, self.job.optim.label_smoothing,
+                           self.cfg.loss_chunk_tokens, self.amp_dtype)
 
     def train_step(self, batches: list, out_of_time: bool, signalled: bool = False,
                    save_due: bool = False) -> UpdateStats:

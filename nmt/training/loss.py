@@ -24,6 +24,7 @@ import torch
 
 from nmt.data.vocab import PAD
 from nmt.modeling.transformer import tied_output
+from nmt.runtime import autocast
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, epsilon: float):
@@ -94,7 +95,10 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                 grad_logits = logits_grad(logits, t, lse, k.to(acc), torch.zeros_like(lse), epsilon).to(dtype)
                 del logits
                 grad_hidden[rows] = grad_logits @ w  # (n, d)
-                grad_weight += grad_logits.t() @ h  # (V, d)
+                if grad_weight.dtype == dtype:  # (V, d), accumulated by the GEMM itself: no (V, d) temporary
+                    grad_weight.addmm_(grad_logits.t(), h)
+                else:
+                    grad_weight += grad_logits.t() @ h
         ctx.save_for_backward(grad_hidden, grad_weight, hidden, weight, target)
         ctx.epsilon = epsilon
         ctx.set_materialize_grads(False)  # a sum nobody differentiates (the NLL, in training) comes as None
@@ -129,3 +133,12 @@ def output_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(hidden.device.type, enabled=False):  # the dtype is explicit
         return _ChunkedOutputLoss.apply(hidden, weight, target, epsilon, chunk_tokens, dtype, need_grad)
+
+
+def batch_loss(model, output_weight: torch.Tensor, batch, epsilon: float, chunk_tokens: int, device: torch.device,
+               amp_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of a batch's label-smoothed loss and NLL: model (a Transformer, or what training calls around it: DDP,
+    torch.compile) up to the decoder's output states under autocast, then output_loss onto output_weight."""
+    with autocast(device, amp_dtype):
+        hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, Nt, d)
+    return output_loss(hidden, output_weight, batch.tgt_out, epsilon, chunk_tokens, amp_dtype)

@@ -26,7 +26,6 @@ from nmt.kernels.dispatch import AttentionBackend
 from nmt.modeling.transformer import Transformer, count_parameters, model_cases
 from nmt.runtime import (
     Env,
-    autocast,
     autocast_dtype,
     parallelize,
     rng_state,
@@ -35,7 +34,7 @@ from nmt.runtime import (
     sum_over_ranks,
 )
 from nmt.training.batch import effective_batch_line, effective_tokens, micro_batches
-from nmt.training.loss import output_loss
+from nmt.training.loss import batch_loss
 from nmt.training.metrics import Metrics, UpdateStats
 from nmt.training.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
 from nmt.training.validate import Validator
@@ -100,10 +99,8 @@ class Trainer:
 
     def forward_loss(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Sums of the micro-batch's label-smoothed loss and NLL; model: self.model, or what training calls."""
-        with autocast(self.env.device, self.amp_dtype):
-            hidden = model(batch.src, batch.tgt_in, features_only=True)  # (B, Nt, d): the loss projects it
-        return output_loss(hidden, self.model.output_weight, batch.tgt_out, self.job.optim.label_smoothing,
-                           self.cfg.loss_chunk_tokens, self.amp_dtype)
+        return batch_loss(model, self.model.output_weight, batch, self.job.optim.label_smoothing,
+                          self.cfg.loss_chunk_tokens, self.env.device, self.amp_dtype)
 
     def train_step(self, batches: list, out_of_time: bool, signalled: bool = False,
                    save_due: bool = False) -> UpdateStats:

@@ -19,7 +19,7 @@ from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.decoding.decode import translate_lines
 from nmt.runtime import Env, autocast
-from nmt.training.loss import output_loss
+from nmt.training.loss import batch_loss
 
 
 @torch.no_grad()
@@ -29,10 +29,8 @@ def validation_loss(model, data: EncodedSplit, max_tokens: int, env: Env, amp_dt
     sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss, nll, tokens
     for _, batch in epoch_batches(data, max_tokens, 0, 0, env.rank, env.world_size):
         batch = batch.to(env.device)
-        with autocast(env.device, amp_dtype):
-            hidden = model(batch.src, batch.tgt_in, features_only=True)
-        loss, nll = output_loss(hidden, model.output_weight, batch.tgt_out, label_smoothing, loss_chunk_tokens,
-                                amp_dtype)
+        loss, nll = batch_loss(model, model.output_weight, batch, label_smoothing, loss_chunk_tokens, env.device,
+                               amp_dtype)
         sums += torch.stack([loss.double(), nll.double(), loss.new_tensor(batch.target_tokens, dtype=torch.float64)])
     if env.world_size > 1:
         dist.all_reduce(sums)

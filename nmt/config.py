@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
 from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule
@@ -163,6 +163,7 @@ class TrainConfig:
     compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
     deterministic: bool = False  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
+    loss_chunk_tokens: int = 1024  # output layer and loss on this many tokens at a time, never whole logits; 0 = off
     score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
     dry_run: bool = False  # print the job, its batch, parameters and a time estimate from a few timed updates; no run
@@ -175,7 +176,8 @@ class TrainConfig:
         require(self.update_freq is None or self.update_freq >= 1, "train.update_freq", self.update_freq,
                 ">= 1 or null (derived from train.tokens_per_update)")
         for name in ("max_minutes", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines", "patience"):
+                     "valid_bleu_sentences", "threads", "tokens_per_update", "score_lines", "patience",
+                     "loss_chunk_tokens"):
             require(getattr(self, name) >= 0, f"train.{name}", getattr(self, name), ">= 0")
         require(self.keep_last == 0 or self.average_last <= self.keep_last, "train.average_last",
                 self.average_last, f"<= train.keep_last={self.keep_last} (older checkpoints are deleted)")
@@ -289,12 +291,10 @@ class ScoreJob:
 def register_schemas() -> None:
     """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
 
     for name, resolver in {"model_overrides": model_overrides_suffix, "cell_name": cell_name,
                            "data_label": data_label, "init_from": init_from_suffix}.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)
-    store = ConfigStore.instance()
     for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,
                       "export": ExportJob, "average": AverageJob}.items():
-        store.store(name=f"{job}_schema", node=node)
+        ConfigStore.instance().store(name=f"{job}_schema", node=node)

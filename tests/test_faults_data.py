@@ -123,13 +123,14 @@ def test_an_empty_training_split_is_refused_and_never_waited_for(prepared, tmp_p
 
 
 def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
+    from nmt.config import TrainConfig
     from nmt.runtime import Env
     from nmt.training.validate import Validator
 
     cfg = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))
     prepare(cfg)
     data = open_prepared(cfg)
-    validator = Validator(data, cfg, 300, 5, 0.1, Env(), None)
+    validator = Validator(data, cfg, 300, 5, 0.1, Env(), None, TrainConfig().loss_chunk_tokens)
     before = ([data.train[i][0].copy() for i in range(20)], validator.sentences, data.spm_model)
     prepare(local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared")))
     assert open_prepared(cfg).spm_model != before[2] or not np.array_equal(open_prepared(cfg).train[0][0], before[0][0])

@@ -86,6 +86,7 @@ RULES = [
     (r"^python -m experiments.length_positions --rows", "skip: reads make length-study's checkpoints (hours on a CPU)"),
     (r"^python -m experiments.reach", " --layers 1 --clips 3 --seeds 9 --updates 5 --jobs 1"),
     (r"^python -m benchmarks.decode_cost", " --sentences 16 --steps 5 --repeats 1"),
+    (r"^python -m benchmarks.chunked_loss", " --preset tiny --max-tokens 256 --repeats 1 --output outputs/chunked_loss_test.json"),
     (r"^python -m benchmarks.suite", "skip: installs a fresh clone and runs make test, this suite's own command"),
     (r"^python -m benchmarks.positions", " --repeats 1 --model-repeats 1 --sizes 32 64"),
     (r"^python -m benchmarks.deploy",

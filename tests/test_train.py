@@ -203,35 +203,35 @@ def test_pickled_code_is_refused(tmp_path):
 
 
 def test_nonfinite_loss_skips_the_update_then_stops(prepared, tmp_path, monkeypatch):
-    real = train_module.smoothed_loss
+    real = train_module.batch_loss
     calls = {"n": 0}
 
-    def sometimes_nan(logits, target, epsilon):
+    def sometimes_nan(*args):
         calls["n"] += 1
-        loss, nll = real(logits, target, epsilon)
+        loss, nll = real(*args)
         return (loss * float("nan"), nll) if calls["n"] == 3 else (loss, nll)
 
-    monkeypatch.setattr(train_module, "smoothed_loss", sometimes_nan)
+    monkeypatch.setattr(train_module, "batch_loss", sometimes_nan)
     run(job(prepared, tmp_path / "one", max_steps=4))
     assert load_checkpoint(tmp_path / "one" / LAST)["step"] == 4  # the NaN update was skipped, not counted
     assert math.isfinite(sum(t.sum().item() for t in params(tmp_path / "one" / LAST).values()))
 
-    monkeypatch.setattr(train_module, "smoothed_loss",
-                        lambda logits, target, eps: (logits.sum() * float("nan"), logits.sum().detach()))
+    monkeypatch.setattr(train_module, "batch_loss",
+                        lambda model, weight, *_: (weight.sum() * float("nan"), weight.sum().detach()))
     with pytest.raises(FloatingPointError, match=r"3 updates in a row skipped \(non-finite loss\)"):
         run(job(prepared, tmp_path / "all", max_steps=4, max_bad_updates=3))
 
 
 def nan_gradients_at(call: int, real):
-    """smoothed_loss whose call-th backward gives NaN gradients with a finite loss: d/dx sqrt(|x - x|) at 0 is
-    inf * 0."""
+    """The trainer's loss (batch_loss) whose call-th backward gives NaN gradients with a finite loss:
+    d/dx sqrt(|x - x|) at 0 is inf * 0."""
     calls = {"n": 0}
 
-    def loss(logits, target, epsilon):
+    def loss(model, weight, *args):
         calls["n"] += 1
-        value, nll = real(logits, target, epsilon)
+        value, nll = real(model, weight, *args)
         if calls["n"] == call:
-            x = logits.float()
+            x = weight.float()
             value = value + 0.0 * (x - x.detach()).abs().sqrt().sum()
         return value, nll
 
@@ -242,8 +242,8 @@ def nan_gradients_at(call: int, real):
 def test_a_nonfinite_gradient_is_skipped_in_every_precision(prepared, tmp_path, monkeypatch, precision):
     """No GradScaler guards bf16 or fp32: the update whose gradients are NaN (finite loss) must still be skipped,
     and no checkpoint after it may hold a non-finite parameter."""
-    loss, calls = nan_gradients_at(3, train_module.smoothed_loss)
-    monkeypatch.setattr(train_module, "smoothed_loss", loss)
+    loss, calls = nan_gradients_at(3, train_module.batch_loss)
+    monkeypatch.setattr(train_module, "batch_loss", loss)
     run(job(prepared, tmp_path, max_steps=5, precision=precision, save_every_steps=1, keep_last=10))
     assert "update 3 skipped: non-finite gradient (the loss was finite)" in (tmp_path / "train.log").read_text()
     assert calls["n"] == 6 and load_checkpoint(tmp_path / LAST)["step"] == 5  # the run went on to its end
@@ -253,8 +253,8 @@ def test_a_nonfinite_gradient_is_skipped_in_every_precision(prepared, tmp_path, 
 
 def test_fp16_overflow_lowers_the_scale_and_drops_the_update(prepared, tmp_path, monkeypatch):
     """A finite loss whose gradients are not (an fp16 overflow): the scaler halves, the update does not count."""
-    loss, calls = nan_gradients_at(3, train_module.smoothed_loss)
-    monkeypatch.setattr(train_module, "smoothed_loss", loss)
+    loss, calls = nan_gradients_at(3, train_module.batch_loss)
+    monkeypatch.setattr(train_module, "batch_loss", loss)
     run(job(prepared, tmp_path, max_steps=4, precision="fp16", save_every_steps=4))
     state = load_checkpoint(tmp_path / LAST)
     assert state["step"] == 4  # the dropped update was not counted: four more followed

@@ -210,11 +210,17 @@ class Transformer(nn.Module):
         layers = [LayerCache(None, layer.cross_attn.project_kv(memory)) for layer in self.decoder]
         return DecoderCache(layers, src.eq(PAD), 0)
 
-    def decode(self, tgt: Tensor, cache: DecoderCache) -> tuple[Tensor, DecoderCache]:
+    @property
+    def output_weight(self) -> Tensor:
+        """The output projection's matrix (V, d): the shared embedding."""
+        return self.embed.weight
+
+    def decode(self, tgt: Tensor, cache: DecoderCache, features_only: bool = False) -> tuple[Tensor, DecoderCache]:
         """Decode tgt (B, Nt) at positions cache.step.. -> logits (B, Nt, V) and the extended cache.
 
         Teacher forcing passes the whole shifted target with a fresh cache; incremental
-        decoding passes one token at a time. The input cache is never modified.
+        decoding passes one token at a time. The input cache is never modified. features_only: the decoder's output
+        states (B, Nt, d) instead of the logits.
         """
         x = self._embed(tgt, cache.step, side="decoder")
         # one row per new token against every key so far: a step of incremental decoding builds (1, Nk), not a square
@@ -223,18 +229,21 @@ class Transformer(nn.Module):
         for layer, layer_cache in zip(self.decoder, cache.layers):
             x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order)
             layers.append(layer_cache)
-        logits = self.output_linear(self.decoder_norm(x), self.embed.weight)  # (B, Nt, V)
-        return logits, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])  # the order is applied
+        x = self.decoder_norm(x)  # (B, Nt, d)
+        out = x if features_only else self.output_linear(x, self.output_weight)  # (B, Nt, V)
+        return out, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])  # the order is applied
 
     @staticmethod
     def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = None) -> DecoderCache:
         return reorder(cache, indices, sentences)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher-forced logits (B, Nt, V); tgt_in starts with BOS and is right-padded."""
+    def forward(self, src: Tensor, tgt_in: Tensor, features_only: bool = False) -> Tensor:
+        """Teacher-forced logits (B, Nt, V); tgt_in starts with BOS and is right-padded. features_only: the decoder's
+        output states (B, Nt, d) instead, which the training loss projects onto output_weight a chunk of tokens at a
+        time (nmt/training/loss.py), so that no (B * Nt, V) logits exist at once."""
         memory = self.encode(src)
-        logits, _ = self.decode(tgt_in, self.start(memory, src))
-        return logits
+        out, _ = self.decode(tgt_in, self.start(memory, src), features_only)
+        return out
 
 
 def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = None) -> DecoderCache:

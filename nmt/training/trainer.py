@@ -28,7 +28,6 @@ from nmt.kernels.dispatch import AttentionBackend
 from nmt.modeling.transformer import Transformer, count_parameters, model_cases
 from nmt.runtime import (
     Env,
-    autocast,
     autocast_dtype,
     parallelize,
     rng_state,
@@ -38,7 +37,7 @@ from nmt.runtime import (
 )
 from nmt.training.batch import effective_batch_line, effective_tokens, micro_batches
 from nmt.training.best import BestCheckpoint
-from nmt.training.loss import smoothed_loss
+from nmt.training.loss import batch_loss
 from nmt.training.metrics import Metrics, UpdateStats
 from nmt.training.optim import SkipGuard, make_optimizer, set_learning_rate, skip_cause, step_optimizer
 from nmt.training.validate import Validator
@@ -65,7 +64,7 @@ class Trainer:
         self.skips = SkipGuard(self.cfg.max_bad_updates)
         self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
-                                  job.optim.label_smoothing, env, self.amp_dtype)
+                                  job.optim.label_smoothing, env, self.amp_dtype, self.cfg.loss_chunk_tokens)
         self.best = BestCheckpoint(env, self.out, self.cfg, partial(self.state_dict, saved_for="best"))
         self.metrics: Metrics | None = None  # opened by train(), at the update it starts from
         self.final_valid, self.final_started, self.stopped_by = None, 0.0, None  # final validation; stop signal
@@ -102,9 +101,9 @@ class Trainer:
         return [batch for _, _, batch in items]
 
     def forward_loss(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        with autocast(self.env.device, self.amp_dtype):
-            logits = model(batch.src, batch.tgt_in)
-        return smoothed_loss(logits, batch.tgt_out, self.job.optim.label_smoothing)
+        """Sums of the micro-batch's label-smoothed loss and NLL; model: self.model, or what training calls."""
+        return batch_loss(model, self.model.output_weight, batch, self.job.optim.label_smoothing,
+                          self.cfg.loss_chunk_tokens, self.env.device, self.amp_dtype)
 
     def train_step(self, batches: list, out_of_time: bool, signalled: bool = False,
                    save_due: bool = False) -> UpdateStats:

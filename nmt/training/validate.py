@@ -19,18 +19,18 @@ from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.decoding.decode import translate_lines
 from nmt.runtime import Env, autocast
-from nmt.training.loss import smoothed_loss
+from nmt.training.loss import batch_loss
 
 
 @torch.no_grad()
-def validation_loss(model, data: EncodedSplit, max_tokens: int, env: Env, amp_dtype, label_smoothing: float) -> dict:
+def validation_loss(model, data: EncodedSplit, max_tokens: int, env: Env, amp_dtype, label_smoothing: float,
+                    loss_chunk_tokens: int) -> dict:
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=env.device)  # loss, nll, tokens
     for _, batch in epoch_batches(data, max_tokens, 0, 0, env.rank, env.world_size):
         batch = batch.to(env.device)
-        with autocast(env.device, amp_dtype):
-            logits = model(batch.src, batch.tgt_in)
-        loss, nll = smoothed_loss(logits, batch.tgt_out, label_smoothing)
+        loss, nll = batch_loss(model, model.output_weight, batch, label_smoothing, loss_chunk_tokens, env.device,
+                               amp_dtype)
         sums += torch.stack([loss.double(), nll.double(), loss.new_tensor(batch.target_tokens, dtype=torch.float64)])
     if env.world_size > 1:
         dist.all_reduce(sums)
@@ -57,14 +57,16 @@ class Validator:
     validation sentences on rank 0 (0 = none)."""
 
     def __init__(self, data: Prepared, data_cfg: DataConfig, max_tokens: int, bleu_sentences: int,
-                 label_smoothing: float, env: Env, amp_dtype):
+                 label_smoothing: float, env: Env, amp_dtype, loss_chunk_tokens: int):
         self.data, self.data_cfg = data, data_cfg
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.max_tokens, self.bleu_sentences, self.label_smoothing = max_tokens, bleu_sentences, label_smoothing
         self.env, self.amp_dtype = env, amp_dtype
         self.sentences = first_valid_pairs(data.directory, data_cfg, bleu_sentences) if env.main else ([], [])
 
     def loss(self, model) -> dict:
-        return validation_loss(model, self.data.valid, self.max_tokens, self.env, self.amp_dtype, self.label_smoothing)
+        return validation_loss(model, self.data.valid, self.max_tokens, self.env, self.amp_dtype, self.label_smoothing,
+                               self.loss_chunk_tokens)
 
     def bleu(self, model) -> dict:
         """{"bleu_greedy": ...} on rank 0 when asked for, else {}."""

@@ -19,7 +19,9 @@ import contextlib
 import gzip
 import logging
 import os
+import queue
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional
@@ -71,6 +73,43 @@ def open_output(path: str):
         raise UserError(f"output={path}: cannot write it: {err.strerror or err}") from None
 
 
+class ArrivingLines:
+    """Lines read by a thread as they arrive (standard input that is a pipe): take(n) is what has arrived, at most n
+    lines, waiting only for the first, so a line written into the pipe is translated and written without waiting for
+    the lines after it (fairseq-interactive's --buffer-size; buffer_lines=1 answers line by line). At most `bound`
+    lines wait in memory."""
+
+    _END = object()
+
+    def __init__(self, lines: Iterable[str], bound: int):
+        self.queue: queue.Queue = queue.Queue(maxsize=max(1, bound))
+        self.ended = False
+        threading.Thread(target=self._read, args=(lines,), daemon=True, name="stdin-reader").start()
+
+    def _read(self, lines: Iterable[str]) -> None:
+        try:
+            for line in lines:
+                self.queue.put(line)
+        except Exception as err:  # noqa: BLE001 -- raised where the lines are taken, in the main thread
+            self.queue.put(err)
+        self.queue.put(self._END)
+
+    def take(self, most: int) -> list[str]:
+        taken, item = [], None if self.ended else self.queue.get()
+        while item is not None:
+            if item is self._END:
+                self.ended = True
+                break
+            if isinstance(item, Exception):
+                raise item
+            taken.append(item)
+            try:
+                item = self.queue.get_nowait() if len(taken) < most else None
+            except queue.Empty:
+                item = None
+        return taken
+
+
 def count_lines(path: str) -> int:
     """Lines in a file (plain or .gz), as decode_source_lines will read them: a last line without its newline
     counts."""
@@ -111,8 +150,9 @@ def main(cfg) -> None:
                    file=sys.stderr, mininterval=1.0)
         with open_source(job.input) as source, autocast(device, dtype):
             lines = decode_source_lines(source, job.input or "<stdin>")
+            arriving = ArrivingLines(lines, job.buffer_lines) if job.input is None and not interactive else None
             for chunk in translate_stream(model, vocab, lines, job, device, 1 if interactive else job.buffer_lines,
-                                          job.nbest):
+                                          job.nbest, arriving.take if arriving else None):
                 out.write("".join(translation + "\n" for translation in chunk))
                 out.flush()  # a chunk done is a chunk kept, whatever happens next
                 bar.update(len(chunk))

@@ -33,6 +33,34 @@ def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
     assert piped.returncode == 0 and piped.stdout.split("\n")[:-1] == out[:-1]
 
 
+def test_a_line_written_into_a_pipe_is_answered_before_the_input_ends(checkpoint, tmp_path):
+    """As fairseq-interactive behind another program: each line's translation is written and flushed once it has
+    arrived and been decoded, not when the input ends; the lines are those of the batched run."""
+    import select
+
+    lines = ["A man rides a bike.", "Two dogs are playing in the snow.", "", "A little girl is climbing a tree."]
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    batched = cli("nmt.translate", f"checkpoint={checkpoint}", f"input={src}", "beam=4")
+    assert batched.returncode == 0, batched.stderr
+    job = subprocess.Popen([sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", "beam=4"], cwd=ROOT,
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        answered = []
+        for line in lines:  # one at a time, the pipe kept open: each answer comes before the next line is sent
+            job.stdin.write(line + "\n")
+            job.stdin.flush()
+            ready, _, _ = select.select([job.stdout], [], [], 120)
+            assert ready, f"no answer to {line!r} while the input stays open"
+            answered.append(job.stdout.readline())
+        job.stdin.close()
+        assert job.stdout.read() == "" and job.wait(timeout=60) == 0
+    finally:
+        job.kill()
+    assert "".join(answered) == batched.stdout
+
+
 def test_only_absolute_positions_limit_the_input():
     from nmt.decoding.decode import encode_lines, input_limit
     from nmt.modeling.transformer import Transformer

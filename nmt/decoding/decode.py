@@ -7,7 +7,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -206,13 +206,16 @@ def nbest_blocks(model: Transformer, vocab: Vocab, lines: list[str], search: Sea
 
 
 def translate_stream(model: Transformer, vocab: Vocab, lines: Iterable[str], search: SearchConfig,
-                     device: torch.device, chunk_lines: int, nbest: int = 1) -> Iterator[list[str]]:
+                     device: torch.device, chunk_lines: int, nbest: int = 1,
+                     take: Callable[[int], list[str]] | None = None) -> Iterator[list[str]]:
     """The translations of `lines` chunk by chunk (at most chunk_lines input lines each, length-sorted within the
     chunk, sized by time: next_chunk_lines), each chunk in input order, as soon as it is done: memory holds one
     chunk whatever the input's size, and a caller that writes each chunk loses at most the chunk in progress.
-    nbest > 1: each line's translation is its block of nbest_blocks."""
+    nbest > 1: each line's translation is its block of nbest_blocks. take(n): the next chunk of at most n lines
+    (default: the next n of `lines`; a pipe's: the lines that have arrived, nmt.translate.ArrivingLines)."""
     source, first, size = iter(lines), 1, min(chunk_lines, FIRST_CHUNK_LINES)
-    while chunk := list(itertools.islice(source, size)):
+    take = take or (lambda n: list(itertools.islice(source, n)))
+    while chunk := take(size):
         started = time.monotonic()
         translations = (translate_lines(model, vocab, chunk, search, device, first_line=first) if nbest == 1 else
                         nbest_blocks(model, vocab, chunk, search, device, nbest, first_line=first))

@@ -120,15 +120,21 @@ def gemm_library(checkpoint: str, sources: list[str], repeats: int) -> dict:
     return report
 
 
-def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int) -> dict:
-    def translate(path: str, args: list[str], n: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={path}", f"input={source}", "device=cpu",
-                        *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int,
+          checkouts: dict[str, Path] | None = None) -> dict:
+    """Whole `python -m nmt.translate` processes, engine x search x threads, interleaved, medians of `repeats`.
+    checkouts: the source tree an engine's process runs (default: this one), e.g. an older commit's for a before and
+    after."""
+    def translate(name: str, args: list[str], n: int) -> None:
+        root = (checkouts or {}).get(name, ROOT)
+        env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(root)}
+        subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={engines[name]}", f"input={source}",
+                        "device=cpu", *args], env=env, cwd=root, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
 
     # interleaved: each engine sees the same machine state
-    times = time_interleaved({f"{name} {search} {n}t": (lambda path=path, args=args, n=n: translate(path, args, n))
-                              for n in threads for search, args in SEARCHES.items() for name, path in engines.items()},
+    times = time_interleaved({f"{name} {search} {n}t": (lambda name=name, args=args, n=n: translate(name, args, n))
+                              for n in threads for search, args in SEARCHES.items() for name in engines},
                              repeats, "cpu", warmup=0)
     lines = sum(1 for _ in open(source, encoding="utf-8"))
     rows = {key: {"seconds": t, "sentences_per_s": lines / t} for key, t in times.items()}

@@ -1,10 +1,12 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from nmt.decoding.search import Uncached, beam_search, greedy, length_penalty
+from nmt.decoding.search import Uncached, beam_search, beam_search_nbest, greedy, length_penalty
 from nmt.modeling.transformer import BOS, EOS, PAD, Transformer
+from nmt.modeling.positions import NO_POSITIONS
 from nmt.modes import Position
 from tests.conftest import micro_config
 
@@ -132,3 +134,27 @@ def test_batched_search_equals_one_sentence_at_a_time():
         alone, = beam_search(model, row, beam=3, alpha=0.6, max_extra=8)
         assert alone.tokens == together[i].tokens
         assert alone.score == pytest.approx(together[i].score, abs=1e-5)
+
+
+class MaskEveryStep:
+    """The model with cross-attention's padding mask built by every layer at every step from src_pad, as before
+    the decoding cache carried it prebuilt (nmt.modeling.transformer.source_mask): the reference for the fast path."""
+
+    def __init__(self, model):
+        self.model, self.encode, self.decode, self.reorder = model, model.encode, model.decode, model.reorder
+
+    def start(self, memory, src):
+        cache = self.model.start(memory, src)
+        assert cache.source_mask.bias is not None  # decoding does take the fast path
+        return dataclasses.replace(cache, source_mask=NO_POSITIONS)
+
+
+@pytest.mark.parametrize("position", [Position.relative, Position.absolute])
+def test_the_prebuilt_source_mask_gives_exactly_the_reference_search(position):
+    """Same hypotheses and bit-identical scores, in beam search (sentences leaving the batch) and greedy."""
+    model, src = real_model(position), sources(4)
+    for search in (lambda m: beam_search_nbest(m, src, beam=4, alpha=0.6, max_extra=8, nbest=2),
+                   lambda m: [[h] for h in greedy(m, src, max_extra=8)]):
+        fast, reference = search(model), search(MaskEveryStep(model))
+        assert [[(h.tokens, h.score) for h in hyps] for hyps in fast] == \
+            [[(h.tokens, h.score) for h in hyps] for hyps in reference]

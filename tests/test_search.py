@@ -158,3 +158,22 @@ def test_the_prebuilt_source_mask_gives_exactly_the_reference_search(position):
         fast, reference = search(model), search(MaskEveryStep(model))
         assert [[(h.tokens, h.score) for h in hyps] for hyps in fast] == \
             [[(h.tokens, h.score) for h in hyps] for hyps in reference]
+
+
+def test_a_cache_extended_in_place_is_never_changed_by_a_later_step():
+    """Greedy steps append to the cache's buffers in place; a second step from the same cache must copy, leaving
+    the first step's cache (and its keys) as they were."""
+    model, src = real_model(), sources(5)
+    with torch.inference_mode():
+        cache = model.start(model.encode(src), src)
+        for token in (BOS, A, B_):  # the second step copies into buffers with room; the third appends in place
+            _, cache = model.decode(torch.full((src.shape[0], 1), token), cache)
+        room = cache.layers[0].self_kv.room
+        assert room is not None and room.filled == 3 and cache.layers[0].self_kv.k.data_ptr() == room.k.data_ptr()
+        _, first = model.decode(torch.full((src.shape[0], 1), A), cache)
+        keys = [layer.self_kv.k.clone() for layer in first.layers]
+        logits, second = model.decode(torch.full((src.shape[0], 1), B_), cache)  # the same cache, another token
+        assert all(torch.equal(layer.self_kv.k, k) for layer, k in zip(first.layers, keys))
+        assert second.layers[0].self_kv.k.data_ptr() != first.layers[0].self_kv.k.data_ptr()
+        again, _ = model.decode(torch.full((src.shape[0], 1), B_), cache)
+        assert torch.equal(again, logits)

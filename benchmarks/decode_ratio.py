@@ -8,7 +8,8 @@ CTranslate2 holds it); it is exported to float32 under EXPORTS/. Then whole `pyt
 (import, model load and chunked decoding included) on the first --sentences of test_2016_flickr, greedy and beam 4
 (alpha 0.6), at each of --threads, relnmt and CTranslate2 float32 alternated side by side, --repeats each
 (benchmarks/deploy.py's speed): the medians, and relnmt's speed over CTranslate2's (its seconds over ours: >= 1
-is as fast or faster). --baseline CHECKOUT also runs another source tree's relnmt (e.g. `git worktree add
+is as fast or faster), by wall time and by each process's CPU time (user + system: on a machine shared with other
+work, the steadier of the two). --baseline CHECKOUT also runs another source tree's relnmt (e.g. `git worktree add
 /tmp/before COMMIT`) in the same alternation: this tree's speed over it, and whether the two wrote the same lines.
 Without ctranslate2 installed (pip install -e '.[deploy]') it says so in one line and writes nothing.
 """
@@ -66,19 +67,18 @@ def main() -> None:
     rows = speed(engines, source, args.threads, args.repeats, checkouts)
     report = {"checkpoint": str(args.checkpoint), "sentences": args.sentences, "repeats": args.repeats,
               "machine": machine(torch.device("cpu")), "baseline": str(args.baseline) if args.baseline else None,
-              "seconds": {key: round(row["seconds"], 3) for key, row in rows.items()}}
+              "seconds": {key: round(row["seconds"], 3) for key, row in rows.items()},
+              "cpu_seconds": {key: round(row["cpu_seconds"], 3) for key, row in rows.items()}}
     for n in args.threads:
         for search in SEARCHES:
-            ours = rows[f"relnmt {search} {n}t"]["seconds"]
-            report[f"{search} {n}t"] = {"relnmt_over_ctranslate2": round(rows[f"ctranslate2 {search} {n}t"]["seconds"]
-                                                                         / ours, 3)}
-            if args.baseline:
-                report[f"{search} {n}t"]["relnmt_over_baseline"] = round(rows[f"baseline {search} {n}t"]["seconds"]
-                                                                         / ours, 3)
-            print(f"{search:6s} {n}t  relnmt {ours:6.2f} s  " + "  ".join(
+            ours, key = rows[f"relnmt {search} {n}t"], f"{search} {n}t"
+            others = ["ctranslate2", "baseline"] if args.baseline else ["ctranslate2"]
+            report[key] = {f"relnmt_over_{other}{cpu}": round(rows[f"{other} {key}"][f"{measure}"] / ours[measure], 3)
+                           for other in others for cpu, measure in (("", "seconds"), ("_cpu", "cpu_seconds"))}
+            print(f"{search:6s} {n}t  relnmt {ours['seconds']:6.2f} s  " + "  ".join(
                 f"{name} {row['seconds']:6.2f} s" for key, row in rows.items() for name in [key.split()[0]]
                 if key.endswith(f" {search} {n}t") and name != "relnmt") + "  " + "  ".join(
-                f"{k} {v:.3f}" for k, v in report[f"{search} {n}t"].items()), flush=True)
+                f"{k} {v:.3f}" for k, v in report[key].items()), flush=True)
     if args.baseline:
         report["same_lines_as_baseline"] = {search: same_lines(checkpoint, source, checkouts, search_args)
                                             for search, search_args in SEARCHES.items()}

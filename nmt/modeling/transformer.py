@@ -269,8 +269,8 @@ def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = Non
     layers = [LayerCache(lc.self_kv, lc.cross_kv.index_select(sentences)) for lc in cache.layers]
     source = cache.source_mask
     if source.bias is not None:
-        source = StackPositions(bias=source.bias.index_select(0, sentences), empty_rows=None if source.empty_rows is None
-                                else source.empty_rows.index_select(0, sentences))
+        empty = None if source.empty_rows is None else source.empty_rows.index_select(0, sentences)
+        source = StackPositions(bias=source.bias.index_select(0, sentences), empty_rows=empty)
     return replace(cache, layers=layers, src_pad=cache.src_pad.index_select(0, sentences), order=order,
                    source_mask=source)
 

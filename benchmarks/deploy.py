@@ -25,6 +25,7 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -120,18 +121,31 @@ def gemm_library(checkpoint: str, sources: list[str], repeats: int) -> dict:
     return report
 
 
-def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int) -> dict:
-    def translate(path: str, args: list[str], n: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={path}", f"input={source}", "device=cpu",
-                        *args], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int,
+          checkouts: dict[str, Path] | None = None) -> dict:
+    """Whole `python -m nmt.translate` processes, engine x search x threads, interleaved, medians of `repeats`.
+    checkouts: the source tree an engine's process runs (default: this one), e.g. an older commit's for a before and
+    after."""
+    cpu: dict[str, list[float]] = {}  # each process's CPU seconds (user + system): on a shared machine, what
+    # its wall time cannot show
+
+    def translate(key: str, name: str, args: list[str], n: int) -> None:
+        root = (checkouts or {}).get(name, ROOT)
+        env = {**os.environ, "OMP_NUM_THREADS": str(n), "PYTHONPATH": str(root)}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={engines[name]}", f"input={source}",
+                        "device=cpu", *args], env=env, cwd=root, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.setdefault(key, []).append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
 
     # interleaved: each engine sees the same machine state
-    times = time_interleaved({f"{name} {search} {n}t": (lambda path=path, args=args, n=n: translate(path, args, n))
-                              for n in threads for search, args in SEARCHES.items() for name, path in engines.items()},
-                             repeats, "cpu", warmup=0)
+    times = time_interleaved({key: (lambda key=key, name=name, args=args, n=n: translate(key, name, args, n))
+                              for n in threads for search, args in SEARCHES.items() for name in engines
+                              for key in [f"{name} {search} {n}t"]}, repeats, "cpu", warmup=0)
     lines = sum(1 for _ in open(source, encoding="utf-8"))
-    rows = {key: {"seconds": t, "sentences_per_s": lines / t} for key, t in times.items()}
+    rows = {key: {"seconds": t, "sentences_per_s": lines / t, "cpu_seconds": statistics.median(cpu[key])}
+            for key, t in times.items()}
     for key, row in rows.items():
         name, rest = key.split(" ", 1)
         row["speed_over_relnmt"] = rows[f"relnmt {rest}"]["seconds"] / row["seconds"]

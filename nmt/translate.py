@@ -36,7 +36,7 @@ from nmt.errors import UserError
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.outputs import output_file
 from nmt.progress import ProgressBar
-from nmt.runtime import autocast, autocast_dtype, resolve_device
+from nmt.runtime import autocast, autocast_dtype, resolve_device, retain_freed_memory
 
 log = logging.getLogger("nmt.translate")
 
@@ -137,6 +137,8 @@ def main(cfg) -> None:
     job: DecodeJob = OmegaConf.to_object(cfg)
     try:
         device = resolve_device(job.check().device)
+        if device.type == "cpu":  # each step's cache and activations reuse freed memory, not fresh pages
+            retain_freed_memory()
         if job.output:  # before anything is opened for writing: output=FILE empties FILE at once
             source = {"input file": job.input} if job.input else {"standard input": "/dev/stdin"}  # `< FILE`
             output_file("output", job.output, {**source, "checkpoint": job.checkpoint})

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.decoding.cpu_linear import OneDNNLinear, linear, onednn_preferred, use_onednn
+from nmt.decoding.cpu_linear import OneDNNLinear, PackedWeight, linear, onednn_preferred, use_onednn
 from nmt.decoding.search import beam_search, greedy
 from tests.test_search import real_model, sources
 
@@ -70,3 +70,26 @@ def test_onednn_is_preferred_only_off_intel(monkeypatch):
     assert onednn_preferred() is False
     monkeypatch.undo()
     cpu_linear.onednn_preferred.cache_clear()
+
+
+def test_a_packed_weight_gives_the_same_bits_and_follows_the_weight():
+    g = torch.Generator().manual_seed(1)
+    weight, bias, packed = torch.randn(96, 64, generator=g), torch.randn(96, generator=g), PackedWeight()
+    with torch.inference_mode():
+        for rows in (1, 2, 5, 40, 300):
+            for x in (torch.randn(rows, 64, generator=g), torch.randn(rows, 3, 64, generator=g)):
+                assert torch.equal(linear(x, weight, bias, packed), linear(x, weight, bias))
+        weight.mul_(2)  # a changed weight (an optimizer step) is packed again, not read stale
+        x = torch.randn(7, 64, generator=g)
+        assert torch.equal(linear(x, weight, bias, packed), linear(x, weight, bias))
+
+
+def test_use_onednn_packs_the_weights_once():
+    model = use_onednn(real_model())
+    src = sources(4)
+    with torch.inference_mode():
+        beam_search(model, src, beam=4, alpha=0.6, max_extra=8)
+        packed = {id(m.packed.packed) for m in model.modules() if isinstance(m, OneDNNLinear)}
+        beam_search(model, src, beam=4, alpha=0.6, max_extra=8)
+        assert {id(m.packed.packed) for m in model.modules() if isinstance(m, OneDNNLinear)} == packed
+        assert model.output_linear.packed.packed is not None

@@ -9,7 +9,8 @@ import pytest
 
 from nmt.data import readers
 from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches, training_stream
-from nmt.data.pipeline import drop_reason, prepare
+from nmt.data.encode import drop_reason
+from nmt.data.pipeline import prepare
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.modeling.transformer import BOS, EOS, PAD
@@ -80,11 +81,11 @@ def test_workers_write_the_same_bytes_as_one_worker(corpus, monkeypatch):
     """Every file (shards, kept text, vocabulary, the manifest with its dropped-pair report) is the same bytes on 1
     worker and on 3, each split in chunks of 7 pairs, so that valid and test go through the pool too; SentencePiece
     learns from a sample of 1,000 of the 3,000 sentences, the same one each time."""
-    from nmt.data import pipeline
+    from nmt.data import encode
 
     pools = []
-    real_pool = pipeline.worker_pool
-    monkeypatch.setattr(pipeline, "worker_pool", lambda *args: pools.append(args[0]) or real_pool(*args))
+    real_pool = encode.worker_pool
+    monkeypatch.setattr(encode, "worker_pool", lambda *args: pools.append(args[0]) or real_pool(*args))
     settings = dict(chunk_lines=7, max_src_words=12, vocab_sample=1000)
     one = folder_bytes(prepare(local_config(corpus, workers=1, prepared_dir=str(corpus / "one"), **settings)))
     assert pools == []

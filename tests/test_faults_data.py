@@ -19,7 +19,7 @@ import torch
 
 from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint
 from nmt.checkpoints.resume import check_same_data
-from nmt.data import pipeline
+from nmt.data import encode, pipeline
 from nmt.data.batching import training_stream
 from nmt.data.pipeline import open_prepared, prepare, prepared_dir
 from nmt.data.readers import DataError
@@ -202,11 +202,11 @@ def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypat
         yield from [("a b", "c d")] * 6  # 3 chunks: fewer than the 4 in flight, so no result is waited for
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "read_split", pairs_then_ctrl_c)
-    monkeypatch.setattr(pipeline, "encode_chunk", lambda *args: time.sleep(60))  # the forked workers' too
+    monkeypatch.setattr(encode, "read_split", pairs_then_ctrl_c)
+    monkeypatch.setattr(encode, "encode_chunk", lambda *args: time.sleep(60))  # the forked workers' too
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        list(pipeline.encoded_chunks(cfg, "train", vocab, workers=2))
+        list(encode.encoded_chunks(cfg, "train", vocab, workers=2))
     assert time.monotonic() - start < 20
     assert multiprocessing.active_children() == []
 
@@ -214,8 +214,8 @@ def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypat
 def test_a_worker_killed_from_outside_is_one_line(corpus, monkeypatch):
     """A worker that dies (the OOM killer) ends prepare with one line naming the settings that bound its memory, and
     nothing is left behind."""
-    parent, encode_here = os.getpid(), pipeline.encode_chunk
-    monkeypatch.setattr(pipeline, "encode_chunk", lambda *args: encode_here(*args) if os.getpid() == parent
+    parent, encode_here = os.getpid(), encode.encode_chunk
+    monkeypatch.setattr(encode, "encode_chunk", lambda *args: encode_here(*args) if os.getpid() == parent
                         else os._exit(1))  # a forked worker dies at its first chunk
     monkeypatch.setattr(pipeline, "worker_count", lambda _: 2)
     with pytest.raises(DataError, match="a worker of prepare's encode ended before its chunk was done "

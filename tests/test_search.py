@@ -1,10 +1,12 @@
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from nmt.decoding.search import Uncached, beam_search, greedy, length_penalty
+from nmt.decoding.search import Uncached, beam_search, beam_search_nbest, greedy, length_penalty
 from nmt.modeling.transformer import BOS, EOS, PAD, Transformer
+from nmt.modeling.positions import NO_POSITIONS
 from nmt.modes import Position
 from tests.conftest import micro_config
 
@@ -132,3 +134,46 @@ def test_batched_search_equals_one_sentence_at_a_time():
         alone, = beam_search(model, row, beam=3, alpha=0.6, max_extra=8)
         assert alone.tokens == together[i].tokens
         assert alone.score == pytest.approx(together[i].score, abs=1e-5)
+
+
+class MaskEveryStep:
+    """The model with cross-attention's padding mask built by every layer at every step from src_pad, as before
+    the decoding cache carried it prebuilt (nmt.modeling.transformer.source_mask): the reference for the fast path."""
+
+    def __init__(self, model):
+        self.model, self.encode, self.decode, self.reorder = model, model.encode, model.decode, model.reorder
+
+    def start(self, memory, src):
+        cache = self.model.start(memory, src)
+        assert cache.source_mask.bias is not None  # decoding does take the fast path
+        return dataclasses.replace(cache, source_mask=NO_POSITIONS)
+
+
+@pytest.mark.parametrize("position", [Position.relative, Position.absolute])
+def test_the_prebuilt_source_mask_gives_exactly_the_reference_search(position):
+    """Same hypotheses and bit-identical scores, in beam search (sentences leaving the batch) and greedy."""
+    model, src = real_model(position), sources(4)
+    for search in (lambda m: beam_search_nbest(m, src, beam=4, alpha=0.6, max_extra=8, nbest=2),
+                   lambda m: [[h] for h in greedy(m, src, max_extra=8)]):
+        fast, reference = search(model), search(MaskEveryStep(model))
+        assert [[(h.tokens, h.score) for h in hyps] for hyps in fast] == \
+            [[(h.tokens, h.score) for h in hyps] for hyps in reference]
+
+
+def test_a_cache_extended_in_place_is_never_changed_by_a_later_step():
+    """Greedy steps append to the cache's buffers in place; a second step from the same cache must copy, leaving
+    the first step's cache (and its keys) as they were."""
+    model, src = real_model(), sources(5)
+    with torch.inference_mode():
+        cache = model.start(model.encode(src), src)
+        for token in (BOS, A, B_):  # the second step copies into buffers with room; the third appends in place
+            _, cache = model.decode(torch.full((src.shape[0], 1), token), cache)
+        room = cache.layers[0].self_kv.room
+        assert room is not None and room.filled == 3 and cache.layers[0].self_kv.k.data_ptr() == room.k.data_ptr()
+        _, first = model.decode(torch.full((src.shape[0], 1), A), cache)
+        keys = [layer.self_kv.k.clone() for layer in first.layers]
+        logits, second = model.decode(torch.full((src.shape[0], 1), B_), cache)  # the same cache, another token
+        assert all(torch.equal(layer.self_kv.k, k) for layer, k in zip(first.layers, keys))
+        assert second.layers[0].self_kv.k.data_ptr() != first.layers[0].self_kv.k.data_ptr()
+        again, _ = model.decode(torch.full((src.shape[0], 1), B_), cache)
+        assert torch.equal(again, logits)

@@ -73,29 +73,53 @@ def attend(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor 
 
 
 @dataclass
-class KV:
-    """Keys and values of one attention layer, (B, H, N, D) each: the decoding cache."""
+class Room:
+    """Buffers (B, H, capacity, D) that a decoding cache's keys and values are the first positions of, and how many
+    positions are filled: shared by every KV that views them, so that only the KV that ends where they are filled
+    appends in place (a cache that another step already extended is copied instead: no cache is ever modified)."""
 
     k: Tensor
     v: Tensor
+    filled: int
+
+
+@dataclass
+class KV:
+    """Keys and values of one attention layer, (B, H, N, D) each: the decoding cache; room: the buffers they view,
+    with space for later steps (None: k and v are tensors of their own)."""
+
+    k: Tensor
+    v: Tensor
+    room: Room | None = None
 
     def index_select(self, indices: Tensor) -> "KV":
         return KV(self.k.index_select(0, indices), self.v.index_select(0, indices))
 
     def extended(self, new: "KV", rows: Tensor | None = None) -> "KV":
-        """These keys and values (rows `rows` of them, when given) followed by `new` along the sequence, in new
-        tensors: one copy of the cache per step, where a reorder and then a concatenation took two."""
+        """These keys and values (rows `rows` of them, when given) followed by `new` along the sequence. Without
+        `rows`, appended in place where the buffers have room (greedy decoding: no copy of the cache per step);
+        otherwise copied once into new buffers with room to grow, where a reorder and then a concatenation took two
+        copies."""
+        n, end = self.k.shape[2], self.k.shape[2] + new.k.shape[2]
+        room = self.room
+        if rows is None and room is not None and room.filled == n and end <= room.k.shape[2]:
+            room.k[:, :, n:end], room.v[:, :, n:end] = new.k, new.v
+            room.filled = end
+            return KV(room.k[:, :, :end], room.v[:, :, :end], room)
+
+        capacity = 2 * end if rows is None else end  # a reordered cache (beam search) is reordered again next step
+
         def grow(old: Tensor, add: Tensor) -> Tensor:
-            n = old.shape[2]
-            out = old.new_empty(add.shape[0], old.shape[1], n + add.shape[2], old.shape[3])  # (B, H, N + Nt, D)
+            out = old.new_empty(add.shape[0], old.shape[1], capacity, old.shape[3])  # (B, H, capacity, D)
             if rows is None:
                 out[:, :, :n] = old
             else:
                 torch.index_select(old, 0, rows, out=out[:, :, :n])
-            out[:, :, n:] = add
+            out[:, :, n:end] = add
             return out
 
-        return KV(grow(self.k, new.k), grow(self.v, new.v))
+        room = Room(grow(self.k, new.k), grow(self.v, new.v), end)
+        return KV(room.k[:, :, :end], room.v[:, :, :end], room)
 
 
 class MultiHeadAttention(nn.Module):

@@ -16,6 +16,7 @@ from nmt.kernels.tiles import MAX_BUCKETS, buckets_block
 from nmt.modeling.attention import KV, MultiHeadAttention
 from nmt.modeling.dropout import Dropout
 from nmt.modeling.edges import EdgeIndex
+from nmt.modeling.masks import attention_mask
 from nmt.modeling.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, input_positions
 from nmt.modes import Norm, Position
 
@@ -122,6 +123,16 @@ class DecoderCache:
     src_pad: Tensor  # (B, Ns) True = padding
     step: int = 0  # position of the next target token
     order: Tensor | None = None  # rows of the target side that the next step continues (a pending reorder)
+    source_mask: StackPositions = NO_POSITIONS  # cross-attention's padding as an additive bias, built once per batch
+
+
+def source_mask(src_pad: Tensor, dtype: torch.dtype) -> StackPositions:
+    """Cross-attention's padding mask as the additive (B, 1, 1, Ns) bias that the attention core would build from
+    src_pad at every layer and step (the same values, so the same logits), made once per batch; its empty rows only
+    where a source is all padding."""
+    mask, empty_rows = attention_mask(1, src_pad.shape[1], src_pad, False, 0, src_pad.device)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=src_pad.device).masked_fill(mask, torch.finfo(dtype).min)
+    return StackPositions(bias=bias, empty_rows=empty_rows if bool(empty_rows.any()) else None)
 
 
 class DecoderLayer(nn.Module):
@@ -133,9 +144,11 @@ class DecoderLayer(nn.Module):
         self.blocks = nn.ModuleList(Sublayer(cfg.d_model, cfg.dropout, cfg.norm) for _ in range(3))
 
     def forward(self, x: Tensor, cache: LayerCache, src_pad: Tensor, step: int,
-                positions: StackPositions = NO_POSITIONS, order: Tensor | None = None) -> tuple[Tensor, LayerCache]:
+                positions: StackPositions = NO_POSITIONS, order: Tensor | None = None,
+                source: StackPositions = NO_POSITIONS) -> tuple[Tensor, LayerCache]:
         """x (B, Nt, d) at positions step..step+Nt-1, continuing rows `order` of the cache (all when None);
-        returns the output and the extended cache."""
+        source: src_pad as a prebuilt bias (source_mask), NO_POSITIONS to build it here. Returns the output and the
+        extended cache."""
         new_self_kv = None
 
         def self_attend(h):
@@ -148,6 +161,8 @@ class DecoderLayer(nn.Module):
 
         def cross_attend(h):  # a sentence's hypotheses (beam search) are queries against its one source
             grouped = h.reshape(cache.cross_kv.k.shape[0], -1, h.shape[-1])  # (B, K * Nt, d): no positions here
+            if source.bias is not None:
+                return self.cross_attn(grouped, cache.cross_kv, positions=source).view_as(h)
             return self.cross_attn(grouped, cache.cross_kv, key_padding_mask=src_pad).view_as(h)
 
         x = self.blocks[0](x, self_attend)
@@ -208,7 +223,12 @@ class Transformer(nn.Module):
     def start(self, memory: Tensor, src: Tensor) -> DecoderCache:
         """Empty decoding cache: cross-attention K/V are projected once here."""
         layers = [LayerCache(None, layer.cross_attn.project_kv(memory)) for layer in self.decoder]
-        return DecoderCache(layers, src.eq(PAD), 0)
+        pad = src.eq(PAD)
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():  # training: the mask as the layers build it
+            return DecoderCache(layers, pad, 0)
+        kind = memory.device.type  # the bias takes the dtype of the queries it is added to
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else memory.dtype
+        return DecoderCache(layers, pad, 0, source_mask=source_mask(pad, dtype))
 
     @property
     def output_weight(self) -> Tensor:
@@ -227,11 +247,12 @@ class Transformer(nn.Module):
         positions = stack_positions(self.decoder_self_positions, x, cache.step + tgt.shape[1], cache.step)
         layers = []
         for layer, layer_cache in zip(self.decoder, cache.layers):
-            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order)
+            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order, cache.source_mask)
             layers.append(layer_cache)
         x = self.decoder_norm(x)  # (B, Nt, d)
         out = x if features_only else self.output_linear(x, self.output_weight)  # (B, Nt, V)
-        return out, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1])  # the order is applied
+        # the order is applied
+        return out, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1], source_mask=cache.source_mask)
 
     @staticmethod
     def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = None) -> DecoderCache:
@@ -255,7 +276,12 @@ def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = Non
     if sentences is None:
         return replace(cache, order=order)
     layers = [LayerCache(lc.self_kv, lc.cross_kv.index_select(sentences)) for lc in cache.layers]
-    return replace(cache, layers=layers, src_pad=cache.src_pad.index_select(0, sentences), order=order)
+    source = cache.source_mask
+    if source.bias is not None:
+        empty = None if source.empty_rows is None else source.empty_rows.index_select(0, sentences)
+        source = StackPositions(bias=source.bias.index_select(0, sentences), empty_rows=empty)
+    return replace(cache, layers=layers, src_pad=cache.src_pad.index_select(0, sentences), order=order,
+                   source_mask=source)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -89,6 +89,8 @@ RULES = [
     (r"^python -m benchmarks.chunked_loss", " --preset tiny --max-tokens 256 --repeats 1 --output outputs/chunked_loss_test.json"),
     (r"^python -m benchmarks.suite", "skip: installs a fresh clone and runs make test, this suite's own command"),
     (r"^python -m benchmarks.positions", " --repeats 1 --model-repeats 1 --sizes 32 64"),
+    (r"^python -m benchmarks.decode_ratio", " --sentences 20 --repeats 1 --output outputs/decode_ratio_test.json"
+     " --exports outputs/decode_ratio_test"),
     (r"^python -m benchmarks.deploy",
      " --sentences 20 --repeats 1 --threads 1 --output outputs/bench_deploy_test --exports outputs/bench_deploy_test"),
     (r"^python scripts/demo.py", " --updates 4 --lines 10"),

@@ -227,9 +227,11 @@ def test_a_worker_killed_from_outside_is_one_line(corpus, monkeypatch):
 BUSY_POOL = """import time
 from nmt.cli import ends_in_one_line
 from nmt.workers import worker_pool
+def busy(_):
+    print("busy", flush=True)  # in the worker, after its set-up: the signal meets a worker at work
+    time.sleep(60)
 with ends_in_one_line("prepare"), worker_pool(2, int) as pool:
-    tasks = [pool.submit(time.sleep, 60) for _ in range(2)]
-    print("busy", flush=True)
+    tasks = [pool.submit(busy, i) for i in range(2)]
     [task.result() for task in tasks]
 """
 
@@ -256,7 +258,7 @@ def test_a_pool_ends_with_its_stage(how):
                            stderr=subprocess.PIPE, text=True, start_new_session=True,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert job.stdout.readline() == "busy\n"
+        assert job.stdout.readline() == job.stdout.readline() == "busy\n"  # both workers at work
         if how == "Ctrl-C at a terminal":
             os.killpg(job.pid, signal.SIGINT)
             assert job.wait(timeout=20) == 130

@@ -123,7 +123,9 @@ class DecoderCache:
     src_pad: Tensor  # (B, Ns) True = padding
     step: int = 0  # position of the next target token
     order: Tensor | None = None  # rows of the target side that the next step continues (a pending reorder)
-    source_mask: StackPositions = NO_POSITIONS  # cross-attention's padding as an additive bias, built once per batch
+    # cross-attention's padding as an additive bias, built once per batch when decoding (None: each layer builds it;
+    # a default of None, not a StackPositions, lets torch.compile build the cache without a graph break)
+    source_mask: StackPositions | None = None
 
 
 def source_mask(src_pad: Tensor, dtype: torch.dtype) -> StackPositions:
@@ -247,7 +249,8 @@ class Transformer(nn.Module):
         positions = stack_positions(self.decoder_self_positions, x, cache.step + tgt.shape[1], cache.step)
         layers = []
         for layer, layer_cache in zip(self.decoder, cache.layers):
-            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order, cache.source_mask)
+            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order,
+                                   cache.source_mask or NO_POSITIONS)
             layers.append(layer_cache)
         x = self.decoder_norm(x)  # (B, Nt, d)
         out = x if features_only else self.output_linear(x, self.output_weight)  # (B, Nt, V)
@@ -277,7 +280,7 @@ def reorder(cache: DecoderCache, indices: Tensor, sentences: Tensor | None = Non
         return replace(cache, order=order)
     layers = [LayerCache(lc.self_kv, lc.cross_kv.index_select(sentences)) for lc in cache.layers]
     source = cache.source_mask
-    if source.bias is not None:
+    if source is not None and source.bias is not None:
         empty = None if source.empty_rows is None else source.empty_rows.index_select(0, sentences)
         source = StackPositions(bias=source.bias.index_select(0, sentences), empty_rows=empty)
     return replace(cache, layers=layers, src_pad=cache.src_pad.index_select(0, sentences), order=order,

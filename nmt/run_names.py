@@ -1,11 +1,12 @@
 """Where a run lives and what makes it the same run. A single run's default folder is
 outputs/<model>_<data>[.<model overrides>] (configs/train.yaml's hydra.run.dir), a -m sweep's cell's
-multirun/<model>_<data>/<cell name> (hydra.sweep.dir and subdir), through the resolvers below: an ablation gets its
+<hydra.sweep.dir>/<cell name> (multirun/tiny_multi30k_en_de+experiment-table1+train.seed-1), through the resolvers below: an ablation gets its
 own folder, never the preset's, and never resumes another run. RUN_EXTENSIONS and DATA_PLACES say which fields may
 change on a resume (nmt/checkpoints/resume.py) and stay out of a cell's name."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -61,29 +62,97 @@ def defines_run(section: str, field: str) -> bool:
     return not (section == "train" and field in RUN_EXTENSIONS or section == "data" and field in DATA_PLACES)
 
 
-def defining_overrides(overrides) -> list[str]:
-    """The overrides that define a run, as key=value ("+" dropped), sorted: all but Hydra's own and the launcher's
-    keys, the model and data presets (a sweep's folder names them), the data's places (a run compares the prepared
-    data by content) and what only extends or observes a run (RUN_EXTENSIONS)."""
-    kept = []
-    for override in map(str, overrides):
-        key, _, value = override.lstrip("+~").partition("=")
-        section, _, field = key.partition(".")
-        if key.startswith(("hydra.", "hydra/")) or key in ("model", "data") or not defines_run(section, field):
-            continue
-        kept.append(f"{key}={value}" if value else f"no-{key}")
-    return sorted(kept)
+SECTIONS = ("model", "optim", "train", "data")
+# Fields that define a sweep cell's record though not its run: the split and lines its score was taken on.
+CELL_FIELDS = ("score_split", "score_lines")
+ALWAYS_NAMED = ("train.seed",)  # a row's seeds sit side by side, each named, the recipe's own seed too
 
 
-def cell_name(overrides) -> str:
-    """A -m sweep cell's folder under the sweep's (configs/train.yaml's hydra.sweep.subdir): its defining overrides
-    as key-value joined by "+" ("experiment-paper_base+model.clip-4+train.seed-2"), so the same sweep run again, or
-    longer, continues each cell in its folder, and a cell of another sweep or recipe never shares one. Only letters,
-    digits, "_", "-", "+" and ".", so the folder can be passed back as an override value unquoted; a name over
-    CELL_NAME_MAX characters keeps its start and ends in a digest of the whole."""
-    parts = [override.replace("=", "-", 1) for override in defining_overrides(overrides)]
-    name = "+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in parts) or "defaults"
-    return capped(name, "+h")
+def defines_cell(section: str, field: str) -> bool:
+    return defines_run(section, field) or section == "train" and field in CELL_FIELDS
+
+
+def cell_name(_root_) -> str:
+    """The resolver of configs/train.yaml's hydra.sweep.subdir: the cell's name (cell_name_of) from its composed
+    config. Only the fields that define the cell are read: train.output_dir is this folder, not yet known."""
+    job = {section: {field: _root_[section][field] for field in _root_[section]
+                     if defines_cell(section, field) or section == "data" and field == "train"}
+           for section in SECTIONS}
+    return cell_name_of(job, dict(_root_.hydra.runtime.choices))
+
+
+def cell_name_of(job: dict, choices: dict, without: tuple[str, ...] = ()) -> str:
+    """A -m sweep cell's folder under the sweep's: the model and data presets, the recipe (+experiment), then every
+    field that defines the cell (defines_cell) whose value differs from what those three presets give alone, and
+    the seed, as key-value joined by "+" ("tiny_multi30k_en_de+experiment-table1+model.clip-4+train.seed-2").
+    Read from the composed config, not from the overrides' spelling, so two spellings of one run (model.clip=16,
+    +ablation=k16, or nothing where 16 is the preset's k) are one cell, which every table that holds it reads; a
+    cell of another preset, recipe or seed is another folder, whatever hydra.sweep.dir says. `without` leaves out
+    fields (a row's name: the cell's less its seed). Only letters, digits, "_", "-", "+" and ".", so the folder
+    passes back as an override value unquoted; a name over CELL_NAME_MAX characters keeps its start and ends in a
+    digest of the whole."""
+    data = job["data"]
+    model, preset, experiment = choices["model"], choices["data"], choices.get("experiment")
+    reference = preset_values(model, preset, experiment)
+    parts = [f"{model}_{data_label(preset, data.get('src'), data.get('tgt'), data.get('train'))}"]
+    if experiment:
+        parts.append(f"experiment-{experiment}")
+    for section in SECTIONS:
+        for field, value in sorted(job[section].items()):
+            key = f"{section}.{field}"
+            if key in without or not defines_cell(section, field):
+                continue
+            if key in ALWAYS_NAMED or named_value(value) != named_value(reference[section].get(field)):
+                parts.append(f"{key}-{named_value(value)}")
+    return capped("+".join(re.sub(r"[^A-Za-z0-9_.+-]", "-", part) for part in parts), "+h")
+
+
+def named_value(value) -> str:
+    """A value as an override writes it: true, null, 0.5, 10 (not 10.0), t5."""
+    value = getattr(value, "value", value)  # an enum
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def cell_name_for(overrides, without: tuple[str, ...] = ()) -> str:
+    """The name of the cell that configs/train.yaml and these overrides compose (the collector's rows are declared
+    by the overrides that sweep them)."""
+    cfg = composed(list(overrides), with_hydra=True)
+    job = {section: {field: None if is_missing(cfg[section], field) else cfg[section][field]
+                     for field in cfg[section] if defines_cell(section, field) or field in ("train", "src", "tgt")}
+           for section in SECTIONS}
+    return cell_name_of(job, dict(cfg.hydra.runtime.choices), without)
+
+
+@functools.cache
+def preset_values(model: str, data: str, experiment: Optional[str]) -> dict:
+    """{section: {field: value}}: the fields that define a cell as the model and data presets and the recipe give
+    them."""
+    cfg = composed([f"model={model}", f"data={data}", *([f"+experiment={experiment}"] if experiment else [])])
+    return {section: {field: None if is_missing(cfg[section], field) else cfg[section][field]
+                      for field in cfg[section] if defines_cell(section, field)}
+            for section in SECTIONS}
+
+
+def composed(overrides: list[str], with_hydra: bool = False):
+    """configs/train.yaml composed with the overrides: inside a Hydra job through its own config loader."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return compose("train", overrides=overrides, return_hydra_config=with_hydra)
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=overrides, return_hydra_config=with_hydra)
+
+
+def is_missing(node, field: str) -> bool:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.is_missing(node, field)
 
 
 CELL_NAME_MAX = 160  # characters: a file name holds 255 bytes, and a path of cells stays readable

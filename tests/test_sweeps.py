@@ -16,32 +16,38 @@ from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.checkpoints.resume import check_same_config
 from nmt.overrides import sweep_checks
 from nmt.config import OptimConfig
-from nmt.run_names import CELL_NAME_MAX, cell_name
+from nmt.config import register_schemas
+from nmt.run_names import CELL_NAME_MAX, capped, cell_name_for
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
 def test_a_cell_is_named_by_what_defines_its_run():
+    register_schemas()
     paper = ["model=base", "data=wmt14_en_de", "+experiment=paper_base", "model.clip=4"]
-    assert cell_name(paper) == "experiment-paper_base+model.clip-4"
-    # extending or observing the run, placing it or its data, choosing the launcher: the same cell
+    assert cell_name_for(paper) == "base_wmt14_en_de+experiment-paper_base+model.clip-4+train.seed-1"
+    # extending or observing the run, placing it or its data, or spelling it another way: the same cell
     same = [*paper, "train.max_steps=200000", "train.save_every_steps=500", "train.device=cuda", "train.threads=4",
-            "data.prepared_dir=/scratch/wmt14", "hydra/launcher=slurm", "hydra.launcher.nodes=2", "train.score_lines=9"]
-    assert cell_name(same) == cell_name(paper)
-    # another recipe, rate, seed, batch or vocabulary: another cell
-    for other in ("+experiment=table1", "optim.lr_scale=2", "train.seed=2", "train.max_tokens=2048",
-                  "data.vocab_size=16000", "~model.share_heads"):
-        assert cell_name([*paper, other]) != cell_name(paper), other
-    assert cell_name(["model=base"]) == "defaults"
-    long = cell_name([*paper, *(f"model.{name}={'x' * 40}" for name in ("a", "b", "c", "d", "e"))])
-    assert len(long) == CELL_NAME_MAX and long != cell_name([*paper, "model.a=y"])
+            "data.prepared_dir=/scratch/wmt14", "hydra/launcher=slurm", "hydra.launcher.nodes=2"]
+    assert cell_name_for(same) == cell_name_for(paper)
+    assert cell_name_for([*paper[:3], "+ablation=k4"]) == cell_name_for(paper)
+    assert cell_name_for([*paper[:3], "+ablation=k16"]) == cell_name_for([*paper[:3], "+ablation=relative"]) \
+        == cell_name_for(paper[:3])  # k = 16 is the preset's own
+    # another recipe (below), rate, seed, batch, vocabulary, model or data preset, scored split or lines: another cell
+    assert cell_name_for(["+experiment=table1", *paper[:2], "model.clip=4"]) != cell_name_for(paper)
+    for other in ("optim.lr_scale=2", "train.seed=2", "train.max_tokens=2048",
+                  "data.vocab_size=16000", "model.share_heads=true", "model=big", "data=wmt14_en_fr",
+                  "train.score_split=test", "train.score_lines=9"):
+        assert cell_name_for([*paper, other]) != cell_name_for(paper), other
+    assert len(capped("x" * 300, "+h")) == CELL_NAME_MAX and capped("x" * 300, "+h") != capped("x" * 299 + "y", "+h")
 
 
 def test_a_cell_folder_passes_back_as_an_override_value():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    name = cell_name(["+experiment=paper_base", "data.train=corpus/my train", "model.position=t5"])
+    register_schemas()
+    name = cell_name_for(["data=local", "data.src=en", "data.tgt=fr", "data.train=corpus/my train", "model.position=t5"])
     assert OverridesParser.create().parse_override(f"directory=multirun/x/{name}").value() == f"multirun/x/{name}"
 
 

@@ -1,9 +1,9 @@
-"""A cell of a -m sweep (`python -m nmt.train -m ... model.clip=0,4,16`): a run in a folder named by the overrides
-that define it (configs/train.yaml, nmt/run_names.py), which ends in its score. After training, rank 0 decodes
-train.score_split of the prepared data (beam 4, alpha 0.6) with the checkpoint the recipe leaves (averaged.pt where
-it averages, else checkpoint_last.pt) and writes the score to CELL/result.json, beside the hypotheses. A cell whose
-result.json holds its budget is done: the same sweep run again skips it. `python -m nmt.table SWEEP_FOLDER` collects
-the cells into a table. nmt.experiment decodes and scores its run with the same function."""
+"""A cell of a -m sweep (`relnmt-train -m ... model.clip=0,4,16`, or a whole study: `relnmt-train -m +study=table1`):
+a run in a folder named by the fields that define it (configs/train.yaml, nmt/run_names.py), which ends in its
+record. After training, rank 0 decodes train.score_split of the prepared data with the recipe's checkpoint and
+writes CELL/result.json (nmt/record.py finish_run, as nmt.experiment and the demo do); the other ranks wait for it.
+A cell whose result.json holds its budget is done: the same sweep run again skips it. `relnmt-table SWEEP_FOLDER`
+collects the cells into a table (nmt/collect.py)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import torch
 from omegaconf import OmegaConf
 
-from nmt.checkpoints.checkpoint import load_checkpoint, numbered_checkpoints
 from nmt.cluster import export_ranks, requeue_after
-from nmt.config import ConfigError, DataConfig, SearchConfig, TrainJob
-from nmt.data.pipeline import prepared_dir
-from nmt.data.readers import read_lines
-from nmt.decoding.decode import load_translator, translate_lines
+from nmt.config import ConfigError, TrainJob
 from nmt.errors import Stopped, UserError
-from nmt.machine import host, machine
+from nmt.record import RESULT, finish_run
 from nmt.run_names import defines_run
-from nmt.runtime import resolve_device
-from nmt.score import score
-
-RESULT = "result.json"
 
 
 def is_sweep_cell() -> bool:
@@ -111,59 +102,14 @@ def wait_for_score(path: Path, failed: Path, poll_s: float = 2.0) -> None:
         time.sleep(poll_s)
 
 
-def checkpoint_to_decode(output: Path, average_last: int, log=None) -> Path:
-    """What a run decodes: the average its recipe asks for (train.average_last=N: averaged.pt), else the run's newest
-    checkpoint, said in a log line. A recipe without averaging still ends in its score."""
-    if average_last > 0:
-        return output / "averaged.pt"
-    newest = numbered_checkpoints(output)[-1]
-    if log is not None:
-        log.info("train.average_last=0: decoding the newest checkpoint, %s (no average)", newest.name)
-    return newest
-
-
-def decode_and_score(checkpoint: Path, data: DataConfig, split: str, search: SearchConfig, output: Path,
-                     lines: int | None = None, device_name: str = "auto", log=None) -> dict:
-    """Decode the prepared `split` (its first `lines` sentences if given) with `checkpoint` into
-    output/<split>.hyp.<tgt> and score it against its reference: the score record's common part."""
-    data_dir = prepared_dir(data)
-    device = resolve_device(device_name)
-    model, vocab = load_translator(checkpoint, device)
-    sources = list(read_lines(data_dir / f"{split}.{data.src}"))[:lines]
-    refs = list(read_lines(data_dir / f"{split}.{data.tgt}"))[:lines]
-    if log is not None:
-        log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
-    started = time.monotonic()
-    hyps = translate_lines(model, vocab, sources, search, device, progress=True)
-    decode_seconds = time.monotonic() - started
-    hyp_path = output / f"{split}.hyp.{data.tgt}"
-    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    return {**score(hyps, refs, data.tgt), "pair": f"{data.src}-{data.tgt}", "split": split,
-            "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
-            "ref": str(data_dir / f"{split}.{data.tgt}"), "hyp": hyp_path.name,
-            "decode_seconds": round(decode_seconds, 1), "device": machine(device), "host": host(),
-            "threads": torch.get_num_threads()}
-
-
 def score_cell(job: TrainJob, out: Path) -> dict:
-    """Decode and score the finished cell in `out`; write out/result.json (whole or not at all) and return it."""
+    """The finished cell's record (nmt/record.py finish_run): decoded, scored, out/result.json."""
     from hydra.core.hydra_config import HydraConfig
 
-    checkpoint = checkpoint_to_decode(out, job.train.average_last)
-    state = load_checkpoint(checkpoint, mmap=True)
-    result = decode_and_score(checkpoint, job.data, job.train.score_split, SearchConfig(), out,
-                              job.train.score_lines or None, job.train.device)
-    resolved = plain_job(job)
-    result.update({"overrides": list(HydraConfig.get().overrides.task), "cell": out.name, "seed": job.train.seed,
-                   "score_lines": job.train.score_lines,
-                   "updates": state["step"], "checkpoint": checkpoint.name,
-                   "averaged_from": state.get("averaged_from"),
-                   "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
-                                                                        "share_heads", "edge_buckets")},
-                   "config": resolved})
-    staged = out / f".{RESULT}.tmp"
-    staged.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(staged, out / RESULT)
+    hydra = HydraConfig.get()
+    overrides = list(hydra.overrides.task)
+    result = finish_run(job, out, plain_job(job), overrides, dict(hydra.runtime.choices),
+                        f"relnmt-train -m {' '.join(overrides)}")
     print(f"{out}: sacreBLEU {result['bleu']:.2f} on {result['sentences']} {result['split']} sentences "
-          f"({checkpoint.name}, {result['updates']} updates)", file=sys.stderr)
+          f"({result['checkpoint']}, {result['updates']} updates)", file=sys.stderr)
     return result

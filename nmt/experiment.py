@@ -12,7 +12,6 @@ What is decoded is the average the recipe asks for (train.average_last=N); a rec
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -20,29 +19,20 @@ import shutil
 import sys
 import threading
 import time
-from enum import Enum
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from nmt.cell import checkpoint_to_decode, decode_and_score
-from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
+from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.checkpoints.folder_lock import lock_folder
 from nmt.cli import ends_in_one_line, program_name
-from nmt.config import (
-    DataConfig,
-    ModelConfig,
-    OptimConfig,
-    SearchConfig,
-    TrainConfig,
-    TrainJob,
-    register_schemas,
-)
+from nmt.config import TrainJob, register_schemas
+from nmt.record import finish_run
 from nmt.runtime import retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
+from nmt.run_names import cell_name_for, composed
 from nmt.train import run
-from nmt.training.batch import micro_batches
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 log = logging.getLogger("nmt.experiment")
@@ -68,54 +58,6 @@ def preset_job(*overrides: str) -> TrainJob:
         return compose_job([*overrides, "train.output_dir=-"])[0]
 
 
-def run_identity(overrides: list[str]) -> str:
-    """What makes two runs the same run: the resolved config, less where it was written, with how many threads,
-    on which device and through which attention implementation (none of which changes the result)."""
-    with _COMPOSE:
-        job, resolved = compose_job([*overrides, "train.output_dir=-"])  # compose outside a Hydra run needs one
-    for name in ("output_dir", "threads", "device", "attention", "tokens_per_update"):
-        resolved["train"].pop(name)
-    # an experiment is one process: its batch is max_tokens x the accumulation, however the recipe states it
-    resolved["train"]["update_freq"] = micro_batches(job.train, 1)
-    return json.dumps(resolved, sort_keys=True)
-
-
-def schema_default(path: tuple[str, ...]):
-    """The schema's default of a resolved config's field (("model", "t5_buckets") -> 32), None where it has none."""
-    sections = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-    if len(path) != 2 or path[0] not in sections:
-        return None
-    field = next((f for f in dataclasses.fields(sections[path[0]]) if f.name == path[1]), None)
-    default = None if field is None or field.default is dataclasses.MISSING else field.default
-    return default.value if isinstance(default, Enum) else default
-
-
-def same_config(a, b, path: tuple[str, ...] = ()) -> bool:
-    """Equal resolved configs; a field only one side has counts as equal when the other side holds null or the
-    schema's default there (a field added to the schema after a run was recorded, left at its default)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return all(same_config(a.get(name, MISSING), b.get(name, MISSING), (*path, name)) for name in set(a) | set(b))
-    if a is MISSING or b is MISSING:
-        present = b if a is MISSING else a
-        return present is None or present == schema_default(path)
-    return a == b
-
-
-MISSING = object()  # a field one side of same_config does not have
-
-
-def find_same_run(identity: str, results: Path, exclude: Path, split: str = "test") -> Path | None:
-    """A finished run under results/<table>/<row>/seed<k>/ with the same identity, scored on the same split, other
-    than `exclude`."""
-    wanted = json.loads(identity)
-    for found in sorted(results.glob("*/*/seed*/result.json")):
-        record = json.loads(found.read_text())
-        recorded, scored_on = record.get("identity"), record.get("split", "test")
-        if found.parent != exclude and recorded and scored_on == split and same_config(json.loads(recorded), wanted):
-            return found.parent
-    return None
-
-
 RECORD = "experiment.json"  # in an experiment's folder: which run it holds (its identity), and whether it finished
 
 
@@ -126,28 +68,25 @@ def write_json(path: Path, record: dict) -> None:
     os.replace(staged, path)
 
 
-def differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """The dotted fields where two resolved configs differ (same_config's rule for a field only one side has)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [f for name in sorted(set(a) | set(b))
-                for f in differing_fields(a.get(name, MISSING), b.get(name, MISSING), f"{prefix}{name}.")]
-    return [] if same_config(a, b, tuple(prefix.rstrip(".").split("."))) else [prefix.rstrip(".")]
+def differing_parts(a: str, b: str) -> list[str]:
+    """The parts of two runs' names (nmt/run_names.py cell_name_of) that only one of them holds."""
+    return sorted(set(a.split("+")) ^ set(b.split("+")))
 
 
 def claim_folder(output: Path, identity: str) -> None:
-    """Make `output` this experiment's folder. Empty or new: a fresh run. Holding the same run (same identity:
-    config, data, budget), finished or not: continued, as the trainer resumes exactly, so a stopped experiment run
+    """Make `output` this experiment's folder. Empty or new: a fresh run. Holding the same run (the same identity:
+    the name of the fields that define it, nmt/run_names.py cell_name_of), finished or not: continued, as the trainer resumes exactly, so a stopped experiment run
     again ends as an uninterrupted one would. Holding another run that finished: replaced, as a new experiment.
     Holding another run that did not finish, or files no experiment wrote: refused (CheckpointError), nothing lost."""
     held = [path for path in output.iterdir() if path.name != ".lock"] if output.is_dir() else []
     if held:
         record = json.loads((output / RECORD).read_text()) if (output / RECORD).is_file() else None
-        if record is not None and same_config(json.loads(record["identity"]), json.loads(identity)):
+        if record is not None and record["identity"] == identity:
             log.info("continuing the run in %s (the same experiment)", output)
             return
         finished = record.get("finished") if record else any(p.name in ("result.json", "score.json") for p in held)
         if not finished:
-            fields = differing_fields(json.loads(record["identity"]), json.loads(identity)) if record else []
+            fields = differing_parts(record["identity"], identity) if record else []
             differs = f" (it differs in {', '.join(fields[:4])})" if fields else ""
             raise CheckpointError(f"{output} holds an unfinished run of another experiment{differs}: remove it to "
                                   "start this one, or choose another --output (nothing was changed)")
@@ -159,37 +98,24 @@ def claim_folder(output: Path, identity: str) -> None:
     write_json(output / RECORD, {"identity": identity, "finished": False})
 
 
-def train_and_score(overrides: list[str], output: Path, split: str = "test",
-                    search: SearchConfig = SearchConfig(), lines: int | None = None) -> dict:
+def train_and_score(overrides: list[str], output: Path, split: str = "test", lines: int | None = None,
+                    command: str = "") -> dict:
     """Train into `output` (continuing the same run there, see claim_folder), average, decode `split` (its first
-    `lines` sentences if given), score. TrainingStopped when a signal stopped the training: the same call continues.
+    `lines` sentences if given), score: the run's record (nmt/record.py finish_run), as a sweep's cell ends.
+    TrainingStopped when a signal stopped the training: the same call continues.
 
-    Writes output/{experiment.json, averaged.pt (train.average_last > 0), <split>.hyp.<tgt>}; returns the result
-    record.
+    Writes output/{experiment.json, averaged.pt (train.average_last > 0), <split>.hyp.<tgt>, result.json}.
     """
     started = time.monotonic()
-    identity = run_identity(overrides)
+    overrides = [*overrides, f"train.score_split={split}", f"train.score_lines={lines or 0}"]
+    identity = cell_name_for(overrides)
     claim_folder(output, identity)
     job, resolved = compose_job([*overrides, f"train.output_dir={output}"])
     run(job)  # prepares the data first (a no-op when up to date)
-    # the run's own training time, every session of it: a finished run re-scored, or a resumed one, is not the
-    # seconds this call spent
-    train_minutes = load_checkpoint(output / LAST, mmap=True).get("train_seconds", 0.0) / 60
-
-    decoded = checkpoint_to_decode(output, job.train.average_last, log)
-    scored = decode_and_score(decoded, job.data, split, search, output, lines, job.train.device, log)
-    decoded_state = load_checkpoint(decoded, mmap=True)
+    choices = dict(composed(overrides, with_hydra=True).hydra.runtime.choices)
+    result = finish_run(job, output, resolved, overrides, choices, command, log)
     write_json(output / RECORD, {"identity": identity, "finished": True})
-    return {
-        **scored,
-        "overrides": overrides, "seed": job.train.seed,
-        "updates": decoded_state["step"], "averaged_from": decoded_state.get("averaged_from", []),
-        "checkpoint": decoded.name,
-        "train_minutes": round(train_minutes, 2), "total_minutes": round((time.monotonic() - started) / 60, 2),
-        "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
-                                                              "share_heads", "edge_buckets")},
-        "config": resolved,
-    }
+    return {**result, "total_minutes": round((time.monotonic() - started) / 60, 2)}
 
 
 def main(argv=None) -> int:
@@ -205,12 +131,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     retain_freed_memory()
+    command = " ".join(["python -m nmt.experiment", *(argv if argv is not None else sys.argv[1:])])
     with ends_in_one_line("experiment"):
-        result = train_and_score(args.overrides, args.output, args.split, lines=args.lines)
-    result["command"] = " ".join(["python -m nmt.experiment", *(argv if argv is not None else sys.argv[1:])])
-    for path in {args.output / "result.json", args.result or args.output / "result.json"}:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        result = train_and_score(args.overrides, args.output, args.split, args.lines, command)
+    if args.result:
+        args.result.parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.result, result)
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
           f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
           f"{tokenized_bleu_of(result):.2f}\n"

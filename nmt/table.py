@@ -1,40 +1,34 @@
-"""python -m nmt.table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE]: a -m sweep's cells as one table.
+"""relnmt-table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE]: a -m sweep's cells as one table;
+relnmt-table results/README.md [--blocks NAME ...]: every table of that page, as results/tables.yaml beside it
+declares them, from the cells of results/cells (nmt/page.py).
 
-Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/cell.py) is one seed of a row: the cells
-whose overrides differ only in train.seed form a row. A row prints its seeds, sacreBLEU (mean +- standard deviation
-over seeds), the tokenized BLEU of the paper's era
-(compounds split for German targets: nmt/score.py), the difference from the baseline row and Welch's
-t-test against it on per-seed sacreBLEU (where both rows have at least 3 seeds). --rows picks rows (each a row
-whose overrides include it) and their order; rows are named by the overrides in which they differ.
+Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/record.py) is one seed of a row: the cells
+of one run but for the seed form a row (nmt/collect.py). A row prints its seeds, sacreBLEU (mean +- standard
+deviation over seeds), the tokenized BLEU of the paper's era (compounds split for German targets: nmt/score.py), the
+difference from the baseline row and Welch's t-test against it on per-seed sacreBLEU (where both rows have at
+least 3 seeds), Holm-adjusted over the table. --rows picks rows (each a row whose overrides include it) and their
+order; rows are named by the overrides in which they differ. Cells without a score (training, failed) and rows
+asked for but not found are named on stderr; a missing row ends the command with exit 2, after the table.
 
-    python -m nmt.table multirun/base_wmt14_en_de --rows ablation=k0 ablation=k16 --baseline ablation=k16 \
+    relnmt-table multirun/base_wmt14_en_de --rows ablation=k0 ablation=k16 --baseline ablation=k16 \
         --where experiment=paper_base
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line, program_name
+from nmt.collect import read_cells
 from nmt.data.readers import DataError
-from nmt.run_names import cell_name, defining_overrides
+from nmt.errors import UserError
+from nmt.run_names import defines_cell
 from nmt.score import tokenized_bleu_of
-from nmt.stats import MIN_SEEDS, holm, welch_test
-
-
-def sweep_rows(folder: Path) -> dict[str, list[dict]]:
-    """{row: its cells' results, by seed}: the cells of `folder` grouped by their overrides other than the seed."""
-    rows: dict[str, list[dict]] = {}
-    for path in sorted(folder.glob("*/result.json")):
-        result = json.loads(path.read_text())
-        row = cell_name([o for o in result["overrides"] if not o.lstrip("+").startswith("train.seed=")])
-        rows.setdefault(row, []).append(result)
-    return {row: sorted(cells, key=lambda r: r["seed"]) for row, cells in rows.items()}
+from nmt.stats import MIN_SEEDS, holm, mean_sd, welch_test
 
 
 def row_overrides(cells: list[dict]) -> set[str]:
@@ -43,22 +37,29 @@ def row_overrides(cells: list[dict]) -> set[str]:
     return set.intersection(*sets)
 
 
-def pick(rows: dict[str, list[dict]], wanted: list[str], where: list[str] = ()) -> list[tuple[str, list[dict]]]:
+def pick(rows: dict[str, list[dict]], wanted: list[str], where: list[str] = ()) -> tuple[list, list[str]]:
     """The rows holding each wanted override, in that order (all rows, in their natural order, for none), among those
-    holding every defining override of `where` (the sweep's shared overrides: other sweeps' cells in its folder are
-    left out)."""
-    shared = set(defining_overrides(where))
+    holding every override of `where` that defines a cell (the sweep's shared overrides: other sweeps' cells in its
+    folder are left out); and the wanted overrides that no row or several rows hold."""
+    shared = {o.lstrip("+") for o in where if defines_row(o.lstrip("+").split("=", 1)[0])}
     rows = {name: cells for name, cells in rows.items() if shared <= row_overrides(cells)}
     if not wanted:
-        return sorted(rows.items(), key=lambda item: natural_key(item[0]))
-    picked = []
+        return sorted(rows.items(), key=lambda item: natural_key(item[0])), []
+    picked, missing = [], []
     for override in wanted:
         found = [(name, cells) for name, cells in rows.items() if override.lstrip("+") in row_overrides(cells)]
-        if len(found) != 1:
-            raise DataError(f"{override}: {len(found)} rows of the sweep hold it (one expected); its rows: "
-                            f"{', '.join(sorted(rows)) or 'none'}")
-        picked.append(found[0])
-    return picked
+        if len(found) == 1:
+            picked.append(found[0])
+        else:
+            missing.append(f"{override} ({len(found)} rows hold it)")
+    return picked, missing
+
+
+def defines_row(key: str) -> bool:
+    """Whether an override's key can tell rows apart: a config group (experiment, ablation) or a field that
+    defines a cell (train.threads cannot)."""
+    section, _, field = key.partition(".")
+    return not field or defines_cell(section, field)
 
 
 def natural_key(name: str) -> list:
@@ -71,10 +72,6 @@ def model_summary(model: dict) -> str:
     if model["position"] not in ("relative", "both"):  # no edge tables: k, a^K and a^V mean nothing
         return f"{model['position']}, -, -, -"
     return f"{model['position']}, {model['clip']}, {str(model['rel_key']).lower()}, {str(model['rel_value']).lower()}"
-
-
-def mean_sd(values: list[float]) -> str:
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
 def markdown_table(picked: list[tuple[str, list[dict]]], baseline: str | None) -> str:
@@ -110,17 +107,50 @@ def markdown_table(picked: list[tuple[str, list[dict]]], baseline: str | None) -
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog=program_name("nmt.table"), description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="a -m sweep's folder (multirun/<model>_<data>), one cell per folder")
+    parser.add_argument("folder", type=Path, help="a -m sweep's folder (one cell per folder), or a page of tables "
+                        "(results/README.md: its cells are results/cells, its tables results/tables.yaml)")
     parser.add_argument("--rows", nargs="+", default=[], metavar="KEY=VALUE", help="the rows to show, in order")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="the row the others are compared with")
     parser.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
                         help="only the rows holding these overrides (those that define a run; others are ignored)")
+    parser.add_argument("--blocks", nargs="+", metavar="NAME", help="a page: only these tables (default: all)")
+    parser.add_argument("--samples", type=int, default=1000, help="a page: paired-bootstrap resamples")
     args = parser.parse_args(argv)
     with ends_in_one_line("table"):
-        rows = sweep_rows(args.folder)
+        if args.folder.suffix == ".md":
+            return write_page(args.folder, args.blocks, args.samples)
+        rows, unscored = read_cells(args.folder)
+        name_unscored(unscored)
         if not rows:
             raise DataError(f"no cell of {args.folder} holds a result.json: its sweep has not scored a cell yet")
-        sys.stdout.write(markdown_table(pick(rows, args.rows, args.where), args.baseline))
+        picked, missing = pick(rows, args.rows, args.where)
+        if picked:
+            sys.stdout.write(markdown_table(picked, args.baseline))
+        if missing:
+            raise UserError(f"no single row of {args.folder} for {', '.join(missing)}; its rows: "
+                            + ", ".join(sorted(rows)))
+
+
+def name_unscored(cells: list[Path]) -> None:
+    if cells:
+        print(f"{len(cells)} cells hold no score yet (training, stopped or failed; their train.log says which), "
+              f"left out: {', '.join(str(c) for c in cells)}", file=sys.stderr)
+
+
+def write_page(page: Path, blocks: list[str] | None, samples: int) -> None:
+    """Replace the page's marked blocks with the tables rebuilt from the cells beside it."""
+    from nmt.page import page_blocks, replace_block
+
+    if not page.is_file():
+        raise DataError(f"{page}: no such page")
+    tables, unscored = page_blocks(page.parent / "cells", page.parent / "tables.yaml", samples,
+                                   set(blocks) if blocks else None)
+    name_unscored(unscored)
+    text = page.read_text(encoding="utf-8")
+    for name, block in tables.items():
+        text = replace_block(text, name, block)
+    page.write_text(text, encoding="utf-8")
+    print(f"{page}: {len(tables)} tables rebuilt from {page.parent / 'cells'} ({', '.join(tables)})")
 
 
 if __name__ == "__main__":

@@ -42,9 +42,9 @@ def main() -> None:
     budget = [f"train.max_steps={args.updates}", f"optim.warmup={max(1, args.updates // 2)}"] if args.updates else []
     overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", *budget,
                  f"train.precision={experiment_cpu_precision().value}", *args.overrides]
+    command = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
-        result = train_and_score(overrides, args.output, args.split, lines=args.lines)
-    result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
+        result = train_and_score(overrides, args.output, args.split, args.lines, command)
     (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
           f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "

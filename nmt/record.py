@@ -1,0 +1,84 @@
+"""The one record of a finished run, CELL/result.json: the recipe's checkpoint (averaged.pt where it averages, else
+the newest) decoded on a split of the prepared data (beam 4, alpha 0.6), the hypotheses beside it, the scores
+(nmt/score.py), and what made the run (its overrides, composed choices and resolved config). Written whole or not
+at all by `finish_run`, which every path ends in: a sweep's cell (nmt/cell.py), one experiment (nmt/experiment.py)
+and the demo; nmt/collect.py reads it back."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from nmt.checkpoints.checkpoint import LAST, load_checkpoint, numbered_checkpoints
+from nmt.config import DataConfig, SearchConfig, TrainJob
+from nmt.data.pipeline import prepared_dir
+from nmt.data.readers import read_lines
+from nmt.decoding.decode import load_translator, translate_lines
+from nmt.machine import host, machine
+from nmt.runtime import resolve_device
+from nmt.score import score
+
+RESULT = "result.json"
+CHOICES = ("model", "data", "experiment")  # the presets that name a cell (nmt/run_names.py cell_name_of)
+
+
+def checkpoint_to_decode(output: Path, average_last: int, log=None) -> Path:
+    """What a run decodes: the average its recipe asks for (train.average_last=N: averaged.pt), else the run's newest
+    checkpoint, said in a log line. A recipe without averaging still ends in its score."""
+    if average_last > 0:
+        return output / "averaged.pt"
+    newest = numbered_checkpoints(output)[-1]
+    if log is not None:
+        log.info("train.average_last=0: decoding the newest checkpoint, %s (no average)", newest.name)
+    return newest
+
+
+def decode_and_score(checkpoint: Path, data: DataConfig, split: str, search: SearchConfig, output: Path,
+                     lines: int | None = None, device_name: str = "auto", log=None) -> dict:
+    """Decode the prepared `split` (its first `lines` sentences if given) with `checkpoint` into
+    output/<split>.hyp.<tgt> and score it against its reference: the score record's common part."""
+    data_dir = prepared_dir(data)
+    device = resolve_device(device_name)
+    model, vocab = load_translator(checkpoint, device)
+    sources = list(read_lines(data_dir / f"{split}.{data.src}"))[:lines]
+    refs = list(read_lines(data_dir / f"{split}.{data.tgt}"))[:lines]
+    if log is not None:
+        log.info("decoding %d %s sentences with beam %d, alpha %g", len(sources), split, search.beam, search.alpha)
+    started = time.monotonic()
+    hyps = translate_lines(model, vocab, sources, search, device, progress=True)
+    decode_seconds = time.monotonic() - started
+    hyp_path = output / f"{split}.hyp.{data.tgt}"
+    hyp_path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    return {**score(hyps, refs, data.tgt), "pair": f"{data.src}-{data.tgt}", "split": split,
+            "sentences": len(sources), "beam": search.beam, "alpha": search.alpha,
+            "ref": str(data_dir / f"{split}.{data.tgt}"), "hyp": hyp_path.name,
+            "decode_seconds": round(decode_seconds, 1), "device": machine(device), "host": host(),
+            "threads": torch.get_num_threads()}
+
+
+def finish_run(job: TrainJob, out: Path, resolved: dict, overrides: list[str], choices: dict, command: str,
+               log=None) -> dict:
+    """Decode and score the trained run in `out` on train.score_split (its first train.score_lines sentences, all
+    for 0); write out/result.json, whole or not at all; return it."""
+    started = time.monotonic()
+    checkpoint = checkpoint_to_decode(out, job.train.average_last, log)
+    state = load_checkpoint(checkpoint, mmap=True)
+    result = decode_and_score(checkpoint, job.data, job.train.score_split, SearchConfig(), out,
+                              job.train.score_lines or None, job.train.device, log)
+    # the run's own training time, every session of it (a resumed run's too), not this call's
+    train_seconds = load_checkpoint(out / LAST, mmap=True).get("train_seconds", 0.0)
+    result.update({"command": command, "overrides": list(overrides), "cell": out.name, "seed": job.train.seed,
+                   "score_lines": job.train.score_lines, "updates": state["step"], "checkpoint": checkpoint.name,
+                   "averaged_from": state.get("averaged_from"), "train_minutes": round(train_seconds / 60, 2),
+                   "score_minutes": round((time.monotonic() - started) / 60, 2),
+                   "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
+                                                                        "share_heads", "edge_buckets")},
+                   "choices": {name: choices.get(name) for name in CHOICES}, "config": resolved})
+    staged = out / f".{RESULT}.tmp"
+    staged.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(staged, out / RESULT)
+    return result

@@ -22,7 +22,7 @@ DATA ?= wmt14_en_de
 RECIPE ?= paper_$(MODEL)
 EXTRA ?=
 
-.PHONY: table1 table2 table3 beyond descendants length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average export decode score \
+.PHONY: table1 table2 table3 beyond descendants lr_check length-study plots install test test-all demo prepare-wmt14 prepare-wmt14-fr train-base train-big train-smoke average export decode score \
         ablate-k ablate-kv bench check-kernels
 
 install: .venv/installed
@@ -119,29 +119,38 @@ ABLATE = $(if $(filter $(LAUNCHER),$(LAUNCHERS)),,$(error LAUNCHER=$(LAUNCHER): 
 ablate-k: install
 	$(ABLATE) +ablation=$(subst $(space),$(comma),$(addprefix k,$(CLIPS)))
 	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=k,$(CLIPS)) --where $(SHARED) \
-	  $(if $(filter 16,$(CLIPS)),--baseline ablation=k16) > $(SWEEP_DIR)/table2.md && cat $(SWEEP_DIR)/table2.md
+	  $(if $(filter 16,$(CLIPS)),--baseline ablation=k16) > $(SWEEP_DIR)/table2.md.tmp \
+	  && mv $(SWEEP_DIR)/table2.md.tmp $(SWEEP_DIR)/table2.md && cat $(SWEEP_DIR)/table2.md
 
 ablate-kv: install
 	$(ABLATE) +ablation=$(subst $(space),$(comma),$(KV))
 	$(PY) -m nmt.table $(SWEEP_DIR) --rows $(addprefix ablation=,$(KV)) --where $(SHARED) \
-	  $(if $(filter k16,$(KV)),--baseline ablation=k16) > $(SWEEP_DIR)/table3.md && cat $(SWEEP_DIR)/table3.md
+	  $(if $(filter k16,$(KV)),--baseline ablation=k16) > $(SWEEP_DIR)/table3.md.tmp \
+	  && mv $(SWEEP_DIR)/table3.md.tmp $(SWEEP_DIR)/table3.md && cat $(SWEEP_DIR)/table3.md
 
-# The paper's Tables 1-3 and the length study at small scale (tiny model, Multi30k, several seeds):
-# results/<table>/<row>/seed<k>/; a sweep that was stopped resumes where it stopped. JOBS runs side by side.
+# The paper's Tables 1-3, the length study, Beyond, the descendants and the learning-rate check at small scale (tiny
+# model, bundled Multi30k, several seeds): each one Hydra sweep of the cell path (configs/study/<name>.yaml) into
+# results/cells, JOBS cells at a time on this machine (Hydra's joblib launcher); a cell two tables share is trained
+# once, a scored cell is skipped, a stopped one continues from its checkpoint. Then the page's tables are rebuilt.
 JOBS ?= 2
-table1 table2 table3 beyond: install
-	$(PY) -m experiments.sweep $@ --jobs $(JOBS)
+STUDY = $(PY) -m nmt.train -m hydra.launcher.n_jobs=$(JOBS) +study=
+table1 table2 table3 descendants lr_check: install
+	$(STUDY)$@ $(EXTRA)
+	$(PY) -m nmt.table results/README.md
+
+beyond: install
+	$(STUDY)beyond $(EXTRA)
+	$(STUDY)beyond +ablation=shared data=multi30k_en_de $(EXTRA)
+	$(PY) -m nmt.table results/README.md
 
 length-study: install
-	$(PY) -m experiments.sweep length --jobs $(JOBS)
+	$(STUDY)length $(EXTRA)
+	$(PY) -m nmt.table results/README.md
 
-# Shaw against T5's bias, ALiBi and RoPE on Table 1's recipe, 3 seeds, both pairs (hours on a CPU)
-descendants: install
-	$(PY) -m experiments.sweep descendants --jobs $(JOBS)
-
-# results/README.md's tables, curves and the attention-distance plot from results/ (matplotlib comes with make install)
+# results/README.md's tables, curves and the length study's positions from results/cells (matplotlib comes with
+# make install)
 plots: install
-	$(PY) -m experiments.results_table --readme results/README.md
+	$(PY) -m nmt.table results/README.md
 	$(PY) -m experiments.plot_curves table1 table2 table3 length beyond
 	$(PY) -m experiments.length_positions
 

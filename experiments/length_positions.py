@@ -1,12 +1,12 @@
 """The length study's positions: which test sentences reach past the positions seen in training.
 
     python -m experiments.length_positions [--results results] [--output results/length/positions.md]
-    python -m experiments.length_positions --rows outputs/sweep/length/learned/seed1/averaged.pt   # -> learned_rows.md
+    python -m experiments.length_positions --rows results/cells/<the learned row's cell>/averaged.pt   # -> learned_rows.md
 
 The length study trains on sources of at most 12 words, so a learned position table (model.position=learned) has
 rows that no training sentence reached: they keep their random initialization. This counts, per source-length
 bucket of test_2016_flickr, the sources longer than the longest training source (in subword tokens) and, for each
-row of results/length, the hypotheses longer than the longest training target; and it scores each row on the
+row of the length table (results/tables.yaml), the hypotheses longer than the longest training target; and it scores each row on the
 sentences whose source or hypothesis reaches past training (sacreBLEU, mean over seeds). Reads the prepared
 folder of the study (prepared here if missing, a few seconds) for the vocabulary and the training lengths.
 
@@ -21,11 +21,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from experiments.results_table import LENGTH_BUCKETS, bucket_label, load_runs, mean_std, test_lines
 from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.data.pipeline import open_prepared, prepare
 from nmt.data.vocab import Vocab
 from nmt.experiment import compose_job
+from nmt.collect import reference_lines
+from nmt.page import LENGTH_BUCKETS, bucket_label, page_table
+from nmt.stats import mean_sd
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,10 +73,10 @@ def report(results: Path) -> str:
     job, prepared = study_data()
     vocab = Vocab(model_proto=prepared.spm_model)
     longest_src, longest_tgt = int(prepared.train.src_lengths.max()), int(prepared.train.tgt_lengths.max())
-    sources, refs = test_lines("en"), test_lines("de")
+    sources, refs = reference_lines("en"), reference_lines("de")
     src_tokens = [len(ids) for ids in vocab.encode(sources)]
     buckets = [[i for i, s in enumerate(sources) if lo <= len(s.split()) <= hi] for lo, hi in LENGTH_BUCKETS]
-    rows = load_runs(results, "length")
+    rows = page_table(results, "length")
     # Positions counted as the model sees them: the source with its EOS, the decoder input with its BOS.
     lines = [f"Longest training pair ({len(prepared.train):,} pairs, sources of at most {job.data.max_src_words} "
              f"words): {longest_src} source and {longest_tgt} target tokens, so encoder positions 0–{longest_src} "
@@ -98,8 +100,8 @@ def report(results: Path) -> str:
             rest_scores.append(BLEU().corpus_score([hyps[i] for i in rest], [[refs[i] for i in rest]]).score)
         long_hyp_rows.append(f"| {name}: hypotheses past training (mean over {len(seeds)} seeds) | "
                              + " | ".join(f"{statistics.mean(c):g}" for c in zip(*long_hyp_counts)) + " |")
-        score_rows.append(f"| {name} | {len(seeds)} | {statistics.mean(sizes):g} | {mean_std(past_scores)} | "
-                          f"{mean_std(rest_scores)} |")
+        score_rows.append(f"| {name} | {len(seeds)} | {statistics.mean(sizes):g} | {mean_sd(past_scores)} | "
+                          f"{mean_sd(rest_scores)} |")
     lines += long_hyp_rows + ["", "sacreBLEU on the sentences whose source or hypothesis (of that row and seed) "
                                   "reaches past the trained positions, and on the rest:", "",
                               "| row | seeds | sentences past training | BLEU past training | BLEU on the rest |",

@@ -2,7 +2,8 @@
 
     python -m experiments.plot_curves table1 [table2 ...] [--results results]
 
-Reads results/<table>/<row>/seed<k>/tensorboard (copied there by experiments/sweep.py) and draws validation
+Reads the TensorBoard logs of the table's cells (results/cells, as results/tables.yaml declares the table's rows:
+nmt/page.py page_table) and draws validation
 loss and greedy validation BLEU (on the first 200 validation sentences) against updates, the mean over
 seeds with a band from the lowest to the highest seed. Writes results/<table>/curves.png.
 """
@@ -29,17 +30,19 @@ def read_scalars(run: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             for tag, _ in CURVES if tag in tags}
 
 
-def plot_table(table_dir: Path) -> Path | None:
+def plot_table(results: Path, table: str) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from nmt.page import page_table
+
     rows = {}
-    for row in sorted(p for p in table_dir.iterdir() if p.is_dir()):
-        runs = [read_scalars(seed) for seed in sorted(row.glob("seed*")) if (seed / "tensorboard").is_dir()]
+    for row, seeds in sorted(page_table(results, table, rescore=False).items()):
+        runs = [read_scalars(seeds[s]["folder"]) for s in sorted(seeds) if (seeds[s]["folder"] / "tensorboard").is_dir()]
         if runs:
-            rows[row.name] = runs
+            rows[row] = runs
     if not rows:
         return None
     fig, axes = plt.subplots(1, len(CURVES), figsize=(6 * len(CURVES), 4))
@@ -57,9 +60,10 @@ def plot_table(table_dir: Path) -> Path | None:
         ax.grid(alpha=0.3)
     axes[0].set_ylim(top=min(6.0, axes[0].get_ylim()[1]))
     axes[-1].legend(fontsize=8)
-    fig.suptitle(table_dir.name)
+    fig.suptitle(table)
     fig.tight_layout()
-    output = table_dir / "curves.png"
+    output = results / table / "curves.png"
+    output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=100)
     return output
 
@@ -70,8 +74,8 @@ def main() -> int:
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     args = parser.parse_args()
     for table in args.tables:
-        output = plot_table(args.results / table)
-        print(f"wrote {output}" if output else f"{args.results / table}: no runs with TensorBoard logs")
+        output = plot_table(args.results, table)
+        print(f"wrote {output}" if output else f"{table}: no cells with TensorBoard logs in {args.results / 'cells'}")
     return 0
 
 

@@ -2,8 +2,8 @@
 
     python -m nmt.experiment --output DIR [--split test|valid] [--lines N] [--result FILE] [overrides ...]
 
-The demo (scripts/demo.py) and the table sweeps (experiments/sweep.py) are this function with different
-overrides. The training budget is train.max_steps (updates), never minutes, so a slower machine gives the
+One cell outside a sweep: it ends in the record a sweep's cell ends in (nmt/record.py finish_run), and the demo
+(scripts/demo.py) is this function with the demo's overrides. The training budget is train.max_steps (updates), never minutes, so a slower machine gives the
 same model later. The hypotheses are written next to the result so anyone can re-score them with sacrebleu.
 What is decoded is the average the recipe asks for (train.average_last=N); a recipe without one
 (train.average_last=0) decodes the run's newest checkpoint, says so in a log line and names it in the result.

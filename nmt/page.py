@@ -38,6 +38,12 @@ def table_rows(cells: dict, table: dict, rescore: bool = True) -> dict[str, dict
     return declared_rows(cells, table["study"], table["rows"], rescore)
 
 
+def page_table(results: Path, name: str, rescore: bool = True) -> dict[str, dict[int, dict]]:
+    """The rows of the page's table `name` ({row: {seed: result}}), from results/cells as results/tables.yaml
+    declares them: what a study script (plots, the length study's report) reads."""
+    return table_rows(read_cells(results / "cells")[0], load_tables(results / "tables.yaml")[name], rescore)
+
+
 def paired_bootstrap(system: list[str], baseline: list[str], refs: list[str], samples: int) -> float:
     """sacrebleu's paired bootstrap resampling (as `sacrebleu --paired-bs`): p-value of system vs baseline."""
     from sacrebleu.metrics import BLEU

@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 
 from nmt.config import register_schemas
-from nmt.experiment import schema_default, write_json
-from nmt.run_names import SECTIONS, cell_name_for, cell_name_of
+from nmt.collect import with_schema_defaults
+from nmt.experiment import write_json
+from nmt.run_names import cell_name_for, cell_name_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = ("table1", "table2", "table3", "beyond", "descendants", "length", "lr_check")  # a cell's study: the first
@@ -35,16 +36,6 @@ def new_overrides(table: str, row: str, seed: int) -> list[str]:
                  else f"optim.lr_scale={rate.removeprefix('lr')}"]
     data = [f"data=multi30k_{pair.replace('-', '_')}"] if table in ("table1", "beyond", "descendants") else []
     return [f"+study={table}", f"+ablation={ROW_ABLATION.get(mode, mode)}", *data, *extra, f"train.seed={seed}"]
-
-
-def with_schema_defaults(config: dict) -> dict:
-    """The record's config with the fields added to the schema since it ran, at their defaults."""
-    from nmt.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-    import dataclasses
-
-    schemas = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-    return {section: {**{f.name: schema_default((section, f.name)) for f in dataclasses.fields(schemas[section])},
-                      **config.get(section, {})} for section in SECTIONS}
 
 
 def cell_of(record: dict) -> str:

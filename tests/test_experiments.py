@@ -1,16 +1,17 @@
-"""The experiment pipeline (nmt.experiment), the sweep runner and the results tables."""
+"""The experiment pipeline (nmt.experiment), the one collector (nmt/collect.py) and the page's tables (nmt/page.py)."""
 
-import argparse
 import gzip
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
-from experiments import results_table, sweep
-from nmt.experiment import run_identity, same_config, train_and_score
+from nmt.collect import check_scores, declared_row, declared_rows, read_cells, row_of
+from nmt.config import register_schemas
+from nmt.data.readers import DataError
+from nmt.experiment import train_and_score
+from nmt.page import page_blocks, replace_block
 from nmt.score import score
 from tests.conftest import MULTI30K, ROOT, data_overrides, model_overrides
 
@@ -35,119 +36,89 @@ def test_train_and_score_records_what_it_ran(prepared, tmp_path):
     assert "clip: 3" in config and "rel_value: false" in config  # config.yaml holds the values really used
 
 
-def test_sweep_skips_finished_runs_and_reuses_identical_ones(tmp_path):
-    results = tmp_path / "results"
-    overrides = sweep.run_overrides("table1", "en-de", [], 1, "cpu")
-    done = results / "table1" / "en-de.relative" / "seed1"
-    done.mkdir(parents=True)
-    (done / "result.json").write_text(json.dumps({"identity": run_identity(overrides), "bleu": 30.0, "seed": 1}))
-    (done / "test.hyp.de").write_text("x\n")
-    command = [sys.executable, "-m", "experiments.sweep", "--results", str(results), "--dry-run", "--seeds=1"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([*command, "table2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "table2/k16/seed1: the same run as" in out.stdout  # k=16 is Table 1's relative En-De run
-    assert "table2/k0/seed1: would run" in out.stdout and "model.clip=0" in out.stdout
-    assert not (results / "table2").exists()  # a dry run writes nothing
-    args = argparse.Namespace(results=results, dry_run=False, device="cpu")
-    assert "copied" in sweep.one_run("table2", "k16", "en-de", ["model.clip=16"], 1, args)
-    copied = json.loads((results / "table2" / "k16" / "seed1" / "result.json").read_text())
-    assert copied["bleu"] == 30.0 and copied["same_run_as"].endswith("table1/en-de.relative/seed1")
-    assert (results / "table2" / "k16" / "seed1" / "test.hyp.de").read_text() == "x\n"
-    again = subprocess.run([*command, "table1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert "table1/en-de.relative/seed1: done already" in again.stdout
-    assert "table1/en-de.absolute/seed1: would run" in again.stdout
-    subset = subprocess.run([*command, "table3", "--rows", "value", "neither"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert [line.split(":")[0] for line in subset.stdout.splitlines()] == ["table3/value/seed1", "table3/neither/seed1"]
-    wrong = subprocess.run([*command, "table3", "--rows", "k16"], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert wrong.returncode == 2 and "table3 has no row k16" in wrong.stderr
+def fake_cell(folder, hyps: list[str], refs: list[str], seed: int, *overrides: str) -> dict:
+    """A scored cell as nmt/record.py writes one, of `relnmt-train -m +study=table3 <overrides> train.seed=<seed>`."""
+    from nmt.run_names import cell_name_for, composed
+
+    cfg = composed(["+study=table3", *overrides, f"train.seed={seed}"], with_hydra=True)
+    cell = folder / cell_name_for(["+study=table3", *overrides, f"train.seed={seed}"])
+    cell.mkdir(parents=True)
+    (cell / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    config = {section: {k: v for k, v in OmegaConf.to_container(cfg[section], enum_to_str=True).items()
+                        if k != "output_dir"} for section in ("model", "optim", "train", "data")}
+    result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "split": "test", **score(hyps, refs, "de"),
+              "overrides": list(overrides), "config": config,
+              "choices": {name: cfg.hydra.runtime.choices.get(name) for name in ("model", "data", "experiment")}}
+    (cell / "result.json").write_text(json.dumps(result))
+    return result
 
 
-def test_results_table_means_seeds_and_tests_rows_against_the_full_model(tmp_path):
+def test_the_collector_groups_cells_into_rows_and_tests_them_against_the_full_model(tmp_path):
+    register_schemas()
     with gzip.open(MULTI30K / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         refs = [line.strip() for line in f]
     broken = [" ".join(line.split()[::-1]) for line in refs]  # word order scrambled: far worse BLEU
-    for row, hyps_by_seed in (("key+value", (refs, refs[:500] + broken[500:])), ("neither", (broken, broken))):
+    cells = tmp_path / "cells"
+    for row, hyps_by_seed in (("k16", (refs, refs[:500] + broken[500:])), ("neither", (broken, broken))):
         for seed, hyps in enumerate(hyps_by_seed, 1):
-            folder = tmp_path / "table3" / row / f"seed{seed}"
-            folder.mkdir(parents=True)
-            (folder / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-            result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", **score(hyps, refs, "de")}
-            (folder / "result.json").write_text(json.dumps(result))
-    rows = results_table.load_runs(tmp_path, "table3")
-    assert list(rows) == ["key+value", "neither"]
-    table = results_table.bleu_table("table3", rows, samples=200, adjusted=results_table.holm_family({"table3": rows}))
-    full = [r["bleu"] for r in rows["key+value"].values()]
-    assert f"| key+value | 2 | {sum(full) / 2:.2f} ± " in table
+            fake_cell(cells, hyps, refs, seed, f"+ablation={row}")
+    (cells / "a-cell-still-training").mkdir()
+    declared = {"table3": {"study": "table3", "rows": {"key+value": ["+ablation=relative"],
+                                                       "neither": ["model.rel_key=false", "model.rel_value=false"]},
+                           "against": {"neither": ["key+value"]}, "paper": {"neither": 12.5}}}
+    (tmp_path / "tables.yaml").write_text(yaml.safe_dump(declared))
+    blocks, unscored = page_blocks(cells, tmp_path / "tables.yaml", samples=200)
+    assert unscored == [cells / "a-cell-still-training"]
+    table = blocks["table3"]  # the rows' other spellings (k16, +ablation=neither) are the same cells
+    full = [json.loads(p.read_text())["bleu"] for p in sorted(cells.glob("*model.rel*/result.json"))]
+    assert "| key+value | 2 | " in table and "| neither | 2 | " in table
+    assert f"| neither | 2 | {sum(full) / 2:.2f} ± " in table
     p_value = float(table.splitlines()[-1].split("|")[-2])
     assert p_value < 0.05 and "| 12.5 | key+value |" in table
-    readme = tmp_path / "README.md"
-    readme.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
-    readme.write_text(results_table.replace_block(readme.read_text(), "table3", table))
-    assert "old" not in readme.read_text() and table in readme.read_text() and "after" in readme.read_text()
+    page = tmp_path / "README.md"
+    page.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
+    page.write_text(replace_block(page.read_text(), "table3", table))
+    assert "old" not in page.read_text() and table in page.read_text() and "after" in page.read_text()
 
 
-def test_results_table_refuses_a_record_its_hypotheses_do_not_give(tmp_path):
+def test_the_collector_refuses_a_record_its_hypotheses_do_not_give(tmp_path):
+    register_schemas()
     with gzip.open(MULTI30K / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         refs = [line.strip() for line in f]
-    folder = tmp_path / "table1" / "en-de.relative" / "seed1"
-    folder.mkdir(parents=True)
     hyps = refs[:900] + [""] * 100
-    (folder / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    honest = {"pair": "en-de", "seed": 1, "hyp": "test.hyp.de", **score(hyps, refs, "de")}
-    (folder / "result.json").write_text(json.dumps(honest))
-    assert results_table.load_runs(tmp_path, "table1")["en-de.relative"][1]["bleu"] == honest["bleu"]
-    (folder / "result.json").write_text(json.dumps({**honest, "chrf": honest["chrf"] + 0.5}))
-    with pytest.raises(SystemExit, match=r"seed1/result.json: records chrf = .*test.hyp.de scores"):
-        results_table.load_runs(tmp_path, "table1")
-
-
-def test_rescore_rewrites_a_french_record_without_the_compound_split(tmp_path):
-    """French targets: tokenized BLEU without get_ende_bleu.sh's split; --rescore rewrites an old record so, keeping
-    the value it replaced and the command, and the record then passes the tables' check."""
-    from nmt.score import compound_split_bleu
-
-    refs = results_table.test_lines("fr")
-    folder = tmp_path / "table1" / "en-fr.relative" / "seed1"
-    folder.mkdir(parents=True)
-    hyps = refs[:700] + [line.replace("-", " ") for line in refs[700:]]
-    (folder / "test.hyp.fr").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    result = {"pair": "en-fr", "seed": 1, "hyp": "test.hyp.fr", **score(hyps, refs, "fr")}
-    assert "compound_split_bleu" not in result
-    old = {**{k: v for k, v in result.items() if k != "tokenized_bleu"},
-           "compound_split_bleu": compound_split_bleu(hyps, refs, "fr")}
-    assert abs(old["compound_split_bleu"] - result["tokenized_bleu"]) > 0.1  # the split changes the French score
-    (folder / "result.json").write_text(json.dumps(old))
-    with pytest.raises(SystemExit, match="records tokenized_bleu = nothing"):
-        results_table.load_runs(tmp_path, "table1")
-    assert results_table.rescore(folder / "result.json", "the command")
-    rescored = json.loads((folder / "result.json").read_text())
-    assert rescored["tokenized_bleu"] == pytest.approx(result["tokenized_bleu"])
-    assert "compound_split_bleu" not in rescored
-    assert rescored["rescored"] == [{"replaced": {"compound_split_bleu": old["compound_split_bleu"]},
-                                     "tokenized_bleu": rescored["tokenized_bleu"], "command": "the command"}]
-    results_table.load_runs(tmp_path, "table1")  # passes the check now
-    assert not results_table.rescore(folder / "result.json", "the command")  # nothing left to change
+    honest = fake_cell(tmp_path, hyps, refs, 1, "+ablation=key")
+    rows = read_cells(tmp_path)[0]
+    study = {"key": ["+ablation=key"]}
+    assert declared_rows(rows, "table3", study)["key"][1]["bleu"] == honest["bleu"]
+    path = next(tmp_path.glob("*/result.json"))
+    path.write_text(json.dumps({**honest, "chrf": honest["chrf"] + 0.5}))
+    with pytest.raises(DataError, match=r"result.json: records chrf = .*test.hyp.de scores"):
+        declared_rows(read_cells(tmp_path)[0], "table3", study)
 
 
 @pytest.mark.slow
-def test_every_committed_run_rescores_from_its_hypotheses():
-    """results/ is the record of every table in the README: each BLEU there must come back from its hypotheses."""
-    runs = sorted((ROOT / "results").glob("*/*/seed*/result.json"))
-    tables = {path.parent.parent.parent.name for path in runs}
-    assert {"table1", "table2", "table3", "beyond", "descendants", "length"} <= tables
-    for table in sorted(tables):
-        results_table.load_runs(ROOT / "results", table, rescore=("bleu",))
+def test_every_committed_cell_rescores_from_its_hypotheses():
+    """results/cells is the record of every table in the README: each BLEU there must come back from its
+    hypotheses, and every cell belongs to a row the page declares."""
+    rows, unscored = read_cells(ROOT / "results" / "cells")
+    assert not unscored and sum(len(cells) for cells in rows.values()) >= 121
+    tables = yaml.safe_load((ROOT / "results" / "tables.yaml").read_text())
+    declared = {declared_row(t["study"], tuple(o)) for t in tables.values() for o in t["rows"].values()}
+    assert set(rows) <= declared, set(rows) - declared
+    for cells in rows.values():
+        for result in cells:
+            result["hyps"] = (result["folder"] / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
+            check_scores(result, ("bleu",))
 
 
-def test_a_field_added_to_the_schema_later_does_not_hide_a_same_run():
-    old = {"model": {"clip": 16}, "train": {"seed": 1}}
-    new = {"model": {"clip": 16}, "train": {"seed": 1, "compile": None}}
-    assert same_config(old, new) and same_config(new, old)
-    assert not same_config(old, {"model": {"clip": 2}, "train": {"seed": 1, "compile": None}})
-    assert not same_config(old, {"model": {"clip": 16}, "train": {"seed": 1, "compile": True}})
+def test_a_field_added_to_the_schema_later_does_not_move_a_record_to_another_row(tmp_path):
+    register_schemas()
+    result = fake_cell(tmp_path, ["x"], ["x"], 1, "+ablation=key")
+    old = {**result, "config": {**result["config"], "train": {k: v for k, v in result["config"]["train"].items()
+                                                            if k != "loss_chunk_tokens"}}}
+    assert row_of(old) == row_of(result)
+    assert row_of({**result, "config": {**result["config"], "model": {**result["config"]["model"], "clip": 3}}}) \
+        != row_of(result)
 
 
 def test_attention_preference_by_distance_reads_each_modes_real_weights(prepared, tmp_path):

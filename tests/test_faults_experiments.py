@@ -15,7 +15,8 @@ import pytest
 from experiments import grid
 from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.errors import EXIT_STOPPED, Stopped
-from nmt.experiment import RECORD, claim_folder, run_identity
+from nmt.experiment import RECORD, claim_folder
+from nmt.run_names import cell_name_for
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -55,12 +56,12 @@ def test_a_stopped_experiment_run_again_ends_as_one_never_stopped(prepared, tmp_
 
 
 def test_a_folder_of_another_experiment_is_refused_unfinished_and_replaced_finished(tmp_path):
-    mine, theirs = (run_identity(["model=tiny", f"model.clip={k}"]) for k in (4, 8))
+    mine, theirs = (cell_name_for(["model=tiny", f"model.clip={k}"]) for k in (4, 8))
     out = tmp_path / "run"
     claim_folder(out, theirs)
     (out / "checkpoint_last.pt").write_bytes(b"their updates")
     with pytest.raises(CheckpointError, match=r"holds an unfinished run of another experiment \(it differs in "
-                                              r"model.clip\).*nothing was changed"):
+                                              r"model.clip-4, model.clip-8\).*nothing was changed"):
         claim_folder(out, mine)
     assert (out / "checkpoint_last.pt").read_bytes() == b"their updates"
     claim_folder(out, theirs)  # the same experiment: continued, its files kept

@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from experiments.lr_check import lr_check_table
-from experiments.results_table import BLEU_BLOCKS, holm_family, load_runs, seed_bleu
-from experiments.significance import seed_p
+from nmt.collect import read_cells
+from nmt.page import holm_family, load_tables, rate_table, seed_bleu, table_rows
+from nmt.stats import seed_p
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "results"
@@ -42,14 +42,24 @@ def check(printed: list[str], values: list[float], what: str) -> None:
     assert not wrong, f"{what}: printed vs record {wrong}"
 
 
-@pytest.fixture(scope="module")
-def tables():
-    return {table: load_runs(RESULTS, table, rescore=()) for table in BLEU_BLOCKS}
+BLEU_TABLES = ("table1", "table2", "table3", "beyond", "descendants")  # the tables of the paper's recipe, 3 pairs
 
 
 @pytest.fixture(scope="module")
-def adjusted(tables):
-    return holm_family(tables)
+def declared():
+    cells = read_cells(RESULTS / "cells")[0]
+    return {name: (table, table_rows(cells, table, rescore=False))
+            for name, table in load_tables(RESULTS / "tables.yaml").items()}
+
+
+@pytest.fixture(scope="module")
+def tables(declared):
+    return {name: rows for name, (_, rows) in declared.items()}
+
+
+@pytest.fixture(scope="module")
+def adjusted(declared):
+    return holm_family(declared)
 
 
 def summary(rows: dict, name: str) -> list[float]:
@@ -151,13 +161,13 @@ def test_the_speed_and_export_figures_are_their_records():
           [agreement["identical"], agreement["of"]], "export")
 
 
-def test_the_minutes_of_a_table_run_are_its_records():
-    runs = [json.loads(path.read_text()) for table in BLEU_BLOCKS
-            for path in sorted((RESULTS / table).glob("*/seed*/result.json"))]
-    minutes = sorted(run["train_minutes"] for run in runs if "same_run_as" not in run)
+def test_the_minutes_of_a_table_run_are_its_records(tables):
+    cells = {result["folder"]: result for table in BLEU_TABLES for seeds in tables[table].values()
+             for result in seeds.values()}  # a cell that two tables hold counts once
+    minutes = sorted(run["train_minutes"] for run in cells.values())
     text = " ".join((RESULTS / "README.md").read_text().split())
-    printed = numbers(r"The (\d+) runs trained in these tables \(copies not counted\).*? trained in (\S+)–(\S+) minutes, "
-                      r"median (\S+) ", text)
+    printed = numbers(r"The (\d+) cells of these tables \(a cell that several tables hold counted once.*? trained in "
+                      r"(\S+)–(\S+) minutes, median (\S+) ", text)
     check(printed, [len(minutes), minutes[0], minutes[-1], statistics.median(minutes)], "minutes of a table run")
 
 
@@ -177,23 +187,22 @@ def test_the_install_and_test_minutes_are_the_suite_record():
           "make install")
 
 
-def test_the_learning_rate_check_is_its_records():
+def test_the_learning_rate_check_is_its_records(tables):
     block = re.search(r"<!-- results:lr_check -->\n(.*?)\n<!-- /results:lr_check -->",
                       (RESULTS / "README.md").read_text(), re.DOTALL)
-    assert block and block.group(1) == lr_check_table(RESULTS), "rerun python -m experiments.results_table --readme " \
-        "results/README.md --blocks lr_check"
+    assert block and block.group(1) == rate_table(tables["lr_check"], tables["descendants"]), \
+        "rerun relnmt-table results/README.md --blocks lr_check"
 
 
 def test_the_learning_rate_check_picks_by_validation_bleu_and_measures_seed_spread(tmp_path):
     def run(folder, bleu, nll):
         folder.mkdir(parents=True)
-        (folder / "result.json").write_text(json.dumps({"bleu": bleu}))
         (folder / "train.log").write_text(f"x INFO nmt.train: valid update 600: loss 3 nll {nll + 1} ppl 9\n"
                                           f"x INFO nmt.train: valid update 600: loss 3 nll {nll} ppl 8\n")
-    for rate, bleu in {"lr1": 30.0, "lr0.5": 31.5, "lr2": 20.0, "other": 29.0}.items():
-        run(tmp_path / "lr_check" / f"en-de.mode.{rate}" / "seed1", bleu, 2.0)
-    for seed, nll in enumerate((2.1, 2.2, 2.4), 1):
-        run(tmp_path / "descendants" / "en-de.mode" / f"seed{seed}", 0.0, nll)
-    row = lr_check_table(tmp_path).splitlines()[-1]
+        return {"bleu": bleu, "folder": folder}
+    rates = {f"en-de.mode.{rate}": {1: run(tmp_path / rate, bleu, 2.0)}
+             for rate, bleu in {"lr1": 30.0, "lr0.5": 31.5, "lr2": 20.0, "other": 29.0}.items()}
+    control = {"en-de.mode": {seed: run(tmp_path / f"seed{seed}", 0.0, nll) for seed, nll in enumerate((2.1, 2.2, 2.4), 1)}}
+    row = rate_table(rates, control).splitlines()[-1]
     assert row == (f"| mode | 31.50 / 30.00 / 20.00 | 2.000 / 2.000 / 2.000 | other: 29.00 (NLL 2.000) | ×0.5 | 2.100 "
                    f"| {statistics.stdev([2.1, 2.2, 2.4]):.3f} (3 seeds) |")

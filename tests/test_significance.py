@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from experiments.significance import (ALPHA, detectable_difference, holm, p_cell, regularized_beta, seed_p,
+from nmt.stats import (ALPHA, detectable_difference, holm, p_cell, regularized_beta, seed_p,
                                       t_quantile, t_two_sided_p, verdict, welch_test)
 from tests.conftest import ROOT
 
@@ -129,7 +129,8 @@ def test_every_verdict_in_the_results_follows_its_holm_adjusted_p():
     assert len(tables) >= 5
     tests = {}  # (row's BLEU cell, reference's BLEU cell) -> (row, reference, raw, adjusted, verdict, row mean - ref)
     for rows in tables:
-        bleu = {row["row"]: row["sacreBLEU (mean ± std)"] for row in rows}
+        # a row's BLEU cell and its seed count name its comparison (two rows may print the same mean ± std)
+        bleu = {row["row"]: f'{row["sacreBLEU (mean ± std)"]} ({row["seeds"]})' for row in rows}
         for row in (r for r in rows if r["vs"]):
             columns = (row[c].split(" / ") for c in ("vs", "p (seeds, Welch)", "p (Holm, all tables)",
                                                      "verdict (Holm, family-wise 0.05)"))

@@ -1,6 +1,5 @@
 """One job writes an output folder at a time: a lock on OUT/.lock, taken by rank 0 for a whole training run
-(nmt.train) or experiment (nmt.experiment), released by the kernel however the process ends. The same lock keeps a
-machine's cores to one sweep (experiments/sweep.py).
+(nmt.train) or experiment (nmt.experiment), released by the kernel however the process ends.
 
 Two cases the kernel's lock alone gets wrong:
 - a job that a signal is stopping (a killed sweep's cell finishing its update and its checkpoint) still holds the

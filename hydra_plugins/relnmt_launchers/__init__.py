@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.errors import CompactHydraException
-
 from nmt.cli import EXIT_INTERRUPTED
 from nmt.errors import EXIT_USER_ERROR
 
@@ -42,8 +40,7 @@ CELLS = ("unscored", "failed")  # hydra.launcher.cells: every cell without its s
 POLL_S = 2.0  # how often the submitting command looks at its jobs
 
 
-class CellFailed(CompactHydraException):
-    """A cell's job failed: Hydra prints a CompactHydraException's message alone, so one line reaches the user."""
+EXIT_CELL_FAILED = 1  # a cell's job failed (Hydra's own exit for a failed job)
 
 
 def one_line(text: str) -> str:
@@ -58,29 +55,25 @@ def one_line(text: str) -> str:
 
 
 def why_it_failed(job) -> str:
-    """Why a job that ended without success failed, in one line: a task's exception (its result) first, then the
-    last error line of each task's stderr; a task with neither was ended from outside (a signal, the OOM killer)."""
+    """Why a job that ended without success failed, in one line: a task that ended with neither a result nor an
+    error line first (a signal or the OOM killer ended it: the others then fail for want of it), then the first task's
+    exception (its result) or the last error line of its stderr (a user's error, srun's word on a signal)."""
     from submitit.core.utils import UncompletedJobError
 
-    tasks = list(job._sub_jobs) or [job]
-    silent = []
-    for task in tasks:
+    silent, said = [], []
+    for task in list(job._sub_jobs) or [job]:
         try:
             outcome, value = task._get_outcome_and_result()
         except UncompletedJobError:
             outcome, value = None, None
         if outcome == "error":
-            return f"task {task.task_id}: {one_line(value) or 'an exception (its log has the traceback)'}"
-        if outcome is None:
-            said = one_line(task.stderr() or "")
-            if said:
-                return f"task {task.task_id}: {said}"
-            silent.append(task)
-    if silent:
-        state = silent[0].state
-        return (f"task {silent[0].task_id} ended without a result or an error line (job state {state}): killed by a "
-                "signal (the OOM killer's SIGKILL, a lost node) or by its exit code")
-    return "the job failed without a word (its .err says no more)"
+            said.append(f"task {task.task_id}: {one_line(value) or 'an exception (its .err has the traceback)'}")
+        elif outcome is None and (line := one_line(task.stderr() or "")):
+            said.append(f"task {task.task_id}: {line}")
+        elif outcome is None:
+            silent.append(f"task {task.task_id} ended without a result or an error line (job state {task.state}): "
+                          "killed by a signal (the OOM killer's SIGKILL, a lost node)")
+    return "; ".join([*silent[:1], *said[:1]]) or "the job failed without a word (its .err says no more)"
 
 
 def refused_submission(error: Exception) -> str | None:
@@ -218,7 +211,7 @@ class _Cells:
 
 def wait_for_cells(jobs: list) -> list:
     """Every job's result, waiting for all of them: each failed cell said in one line as its job ends (and kept in
-    its folder, nmt.cell.FAILED); then CellFailed naming every failed cell. Ctrl-C names the cells still running."""
+    its folder, nmt.cell.FAILED); then one line naming every failed cell, exit 1. Ctrl-C names the cells still running."""
     from nmt.cell import FAILED
 
     pending, results, failed = list(jobs), [], []
@@ -243,8 +236,9 @@ def wait_for_cells(jobs: list) -> list:
               f"{', '.join(str(folder) for _, folder in pending)}", file=sys.stderr)
         raise SystemExit(EXIT_INTERRUPTED) from None
     if failed:
-        raise CellFailed(f"{len(failed)} of {len(jobs)} cells failed: {', '.join(map(str, failed))}; the same "
-                         "command again re-runs every unscored cell, with hydra.launcher.cells=failed only these")
+        print(f"{len(failed)} of {len(jobs)} cells failed: {', '.join(map(str, failed))}; the same command again "
+              "re-runs every unscored cell, with hydra.launcher.cells=failed only these", file=sys.stderr)
+        raise SystemExit(EXIT_CELL_FAILED)
     return results
 
 

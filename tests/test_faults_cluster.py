@@ -192,3 +192,21 @@ def test_nodes_and_tasks_that_cannot_deal_the_recipes_batch_are_refused_before_s
     one_error_line(done, "the sweep was not submitted", "= 4 task(s)", "cannot be reached on 4 device(s)",
                    "set train.max_tokens to one of 150")
     assert scripts == []
+
+
+def test_a_slurm_tasks_threads_are_its_cpus_not_the_nodes(monkeypatch):
+    import torch
+
+    from nmt.runtime import setup_env
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    before = torch.get_num_threads()
+    try:
+        setup_env("cpu")
+        assert torch.get_num_threads() == 3
+        setup_env("cpu", threads=2)  # train.threads still decides
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -153,6 +153,9 @@ class _Cells:
         chosen, done = [], []
         for index, overrides in enumerate(job_overrides):
             folder, job = self.cell(overrides)
+            if not hasattr(job, "train"):  # not a cell of nmt.train: the plugin's way, every job submitted
+                chosen.append((index, list(overrides), folder))
+                continue
             try:
                 micro_batches(job.train, tasks)
             except ConfigError as refused:

@@ -8,6 +8,7 @@ collects the cells into a table (nmt/collect.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -21,6 +22,8 @@ from nmt.config import ConfigError, TrainJob
 from nmt.errors import Stopped, UserError
 from nmt.record import RESULT, finish_run
 from nmt.run_names import defines_run
+
+FAILED = "failed"  # in a cell's folder: one line, why its last job failed (the submitting command writes it)
 
 
 def is_sweep_cell() -> bool:
@@ -62,7 +65,9 @@ def plain_job(job: TrainJob) -> dict:
 def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
     """The cell's job: skipped when done; trained (`train`: nmt.train.run); on a submitit job's preemption signal,
     requeued after its checkpoint; then scored by rank 0, the other ranks waiting for its score (under torchrun they
-    go on to the next cell together)."""
+    go on to the next cell together). A crash that is not a user's error (CUDA out of memory, a time limit with no
+    requeue left) is logged with its traceback, to the cell's train.log on rank 0 and to the job's stderr, and raised:
+    the job fails (hydra_plugins/relnmt_launchers)."""
     from hydra.core.hydra_config import HydraConfig
 
     if any(o.startswith("train.output_dir=") for o in HydraConfig.get().overrides.task):
@@ -71,21 +76,47 @@ def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:
     export_ranks()  # a submitit job's tasks learn their ranks here, before anything below reads RANK
     if cell_finished(job):
         return
-    main, failed = int(os.environ.get("RANK", "0")) == 0, Path(job.train.output_dir) / SCORE_FAILED
+    folder = Path(job.train.output_dir)
+    main, failed = int(os.environ.get("RANK", "0")) == 0, folder / SCORE_FAILED
     if main:
         failed.unlink(missing_ok=True)  # an earlier attempt's: the other ranks read it only after this training
+        (folder / FAILED).unlink(missing_ok=True)  # the cell runs again
     try:
-        out = train(job)
-    except Stopped as stopped:
-        requeue_after(getattr(stopped, "signal_name", None))
+        try:
+            out = train(job)
+        except Stopped as stopped:
+            requeue_after(getattr(stopped, "signal_name", None))
+            raise
+        if not main:
+            return wait_for_score(out / RESULT, failed)
+        try:
+            score_cell(job, out)
+        except BaseException:
+            failed.touch()  # the other ranks stop waiting
+            raise
+    except (UserError, Stopped):
+        raise  # said in one line, or stopped with its checkpoint
+    except Exception as crash:
+        log_crash(folder if main else None, crash)
         raise
-    if not main:
-        return wait_for_score(out / RESULT, failed)
+
+
+def log_crash(folder: Path | None, crash: Exception) -> None:
+    """The crash and its traceback on stderr (the job's .err) and, given the cell's folder, in its train.log."""
+    root = logging.getLogger()
+    added = None
+    if folder is not None and folder.is_dir() and not any(
+            Path(getattr(handler, "baseFilename", "")) == (folder / "train.log").absolute() for handler in root.handlers):
+        added = logging.FileHandler(folder / "train.log")  # it crashed before the run's logging began
+        root.addHandler(added)
+    if not any(getattr(handler, "stream", None) is sys.stderr for handler in root.handlers):
+        root.addHandler(logging.StreamHandler(sys.stderr))
     try:
-        score_cell(job, out)
-    except BaseException:
-        failed.touch()  # the other ranks stop waiting
-        raise
+        logging.getLogger("nmt.cell").error("the cell crashed: %s: %s", type(crash).__name__, crash, exc_info=crash)
+    finally:
+        if added is not None:
+            root.removeHandler(added)
+            added.close()
 
 
 SCORE_FAILED = ".score_failed"  # rank 0 could not score the cell (its log says why)

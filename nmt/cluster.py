@@ -29,6 +29,13 @@ def export_ranks() -> None:
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
+def cpus_per_task() -> int | None:
+    """The CPUs SLURM gave each task of this job (sbatch --cpus-per-task, the preset's cpus_per_task), None outside
+    a SLURM job that set it: a task's threads, where os.cpu_count() would count the whole node's."""
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(cpus) if cpus.isdigit() and int(cpus) > 0 else None
+
+
 def preemption_signal() -> signal.Signals | None:
     """The signal submitit sends before the time limit or on preemption, None outside a submitit job."""
     if not in_submitit_job():

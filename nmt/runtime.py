@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.cluster import export_ranks, preemption_signal
+from nmt.cluster import cpus_per_task, export_ranks, preemption_signal
 from nmt.config import ConfigError, valid_device
 from nmt.errors import EXIT_USER_ERROR, UserError
 from nmt.machine import native_cpu_bf16
@@ -88,7 +88,7 @@ def setup_env(device_name: str, threads: int = 0, deterministic: bool = False) -
     else:
         retain_freed_memory()
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local))
+        torch.set_num_threads(threads or cpus_per_task() or max(1, (os.cpu_count() or 1) // local))
     launcher = None
     if world_size > 1:
         launcher, attempt = launcher_store()

@@ -3,6 +3,7 @@ that fails, per-node locks on a shared file system, a folder name past the file 
 sbatch refuses. Each ends in one line (exit 2) or continues, with nothing lost."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -143,3 +144,69 @@ def test_a_submission_sbatch_refuses_is_said_once_as_one(tmp_path):
     bare = subprocess.run(sweep, cwd=ROOT, env={**ENV, "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=120)
     one_error_line(bare, "hydra/launcher=slurm submits through SLURM's commands", "not on PATH")
+
+
+SBATCH_KEEPS = """#!/bin/bash
+cp "$1" "$SHIM_SCRIPTS/$(ls "$SHIM_SCRIPTS" | wc -l).sh"
+echo "sbatch: error: the shim submits nothing" >&2
+exit 1
+"""
+
+
+def slurm_sweep(tmp_path, *overrides):
+    """A -m sweep with hydra/launcher=slurm under an sbatch that keeps each script it is given, then refuses it."""
+    shim, scripts = tmp_path / "bin", tmp_path / "scripts"
+    shim.mkdir(parents=True)
+    scripts.mkdir()
+    (shim / "sbatch").write_text(SBATCH_KEEPS)
+    (shim / "srun").write_text("#!/bin/bash\nexit 0\n")
+    for tool in shim.iterdir():
+        tool.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "nmt.train", "-m", "hydra/launcher=slurm",
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}", "train.max_tokens=300",
+                           "train.tokens_per_update=600", *overrides], cwd=ROOT,
+                          env={**ENV, "PATH": f"{shim}:{ENV['PATH']}", "SHIM_SCRIPTS": str(scripts)},
+                          capture_output=True, text=True, timeout=120)
+    return done, sorted(scripts.iterdir())
+
+
+def test_a_cells_job_is_named_after_the_sweep_and_the_cell_and_may_be_requeued(tmp_path):
+    done, scripts = slurm_sweep(tmp_path, "hydra.launcher.tasks_per_node=2", "model.clip=3,5")
+    one_error_line(done, "the sweep was not submitted", "the shim submits nothing")
+    script = scripts[0].read_text()  # the first cell's: sbatch refused it, and nothing more was submitted
+    name = re.search(r"#SBATCH --job-name=(\S+)", script)[1]  # the sweep folder's name / the cell folder's
+    assert len(scripts) == 1 and name.startswith("sweep/") and "model.clip-3" in name, script
+    assert "#SBATCH --requeue\n" in script and "--account" not in script and "--mem" not in script
+    assert "--array" not in script  # one job per cell, each with its name
+    _, scripts = slurm_sweep(tmp_path / "paid", "hydra.launcher.account=nmt", "hydra.launcher.mem_gb=200",
+                             "hydra.launcher.tasks_per_node=1",
+                             "model.clip=3")
+    assert "#SBATCH --account=nmt\n" in scripts[0].read_text() and "#SBATCH --mem=200GB\n" in scripts[0].read_text()
+
+
+def test_nodes_and_tasks_that_cannot_deal_the_recipes_batch_are_refused_before_submitting(tmp_path):
+    """2 x 2 tasks cannot deal 2 micro-batches of 300 tokens: one line before sbatch, not inside the job after the
+    queue's wait."""
+    done, scripts = slurm_sweep(tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2",
+                                "model.clip=3,5")
+    one_error_line(done, "the sweep was not submitted", "= 4 task(s)", "cannot be reached on 4 device(s)",
+                   "set train.max_tokens to one of 150")
+    assert scripts == []
+
+
+def test_a_slurm_tasks_threads_are_its_cpus_not_the_nodes(monkeypatch):
+    import torch
+
+    from nmt.runtime import setup_env
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    before = torch.get_num_threads()
+    try:
+        setup_env("cpu")
+        assert torch.get_num_threads() == 3
+        setup_env("cpu", threads=2)  # train.threads still decides
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

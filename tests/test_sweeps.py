@@ -3,11 +3,13 @@ same run, a cell ends in its score, and Hydra's submitit launcher runs the cells
 
 import dataclasses
 import json
+import re
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from nmt.overrides import sweep_checks
 from nmt.config import OptimConfig
 from nmt.config import register_schemas
 from nmt.run_names import CELL_NAME_MAX, capped, cell_name_for
-from tests.conftest import ROOT, data_overrides, micro_config, model_overrides
+from tests.conftest import ROOT, data_overrides, micro_config, model_overrides, one_error_line
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -215,15 +217,13 @@ def test_a_preempted_submitit_job_saves_requeues_and_continues_bit_exact(prepare
         assert torch.equal(tensor, load_checkpoint(b / LAST)["model"][name]), name
 
 
-@pytest.mark.slow
-def test_a_cell_that_fails_ends_the_sweep_in_one_line(prepared, tmp_path):
-    """A cell refused inside its job (4 tasks cannot deal a 2-micro-batch recipe): the submitting command says the
-    cell's one line and where its log is, not submitit's traceback."""
+def test_a_cell_its_tasks_cannot_train_is_refused_before_any_job(prepared, tmp_path):
+    """4 tasks a cell cannot deal a 2-micro-batch recipe: one line and exit 2 before anything is submitted (once
+    refused only inside the job)."""
     done = subprocess.run(sweep_command(prepared, tmp_path / "sweep", "train.max_steps=2", "model.clip=2", tasks=4),
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    failed = [line for line in done.stderr.splitlines() if line.startswith("a cell of the sweep failed")]
-    assert len(failed) == 1 and "cannot be reached on 4 device(s)" in failed[0] and ".submitit/" in failed[0]
+    one_error_line(done, "the sweep was not submitted", "cannot be reached on 4 device(s)")
+    assert not (tmp_path / "sweep" / ".submitit").exists()
 
 
 def test_the_other_ranks_wait_for_rank_0s_score_and_stop_when_it_failed(tmp_path):
@@ -239,3 +239,74 @@ def test_the_other_ranks_wait_for_rank_0s_score_and_stop_when_it_failed(tmp_path
     with pytest.raises(UserError, match="rank 0 did not score the cell"):
         wait_for_score(result, failed, poll_s=0.01)
     assert time.monotonic() - started < 5
+
+
+CRASH = """import os
+if os.environ.get("CRASH_CELL"):  # a crash that is not the project's own error, inside the cell's job
+    from nmt.training.trainer import Trainer
+    train = Trainer.train
+    def crashing(self):
+        if os.environ["CRASH_CELL"] in self.out.name:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (the test's)")
+        return train(self)
+    Trainer.train = crashing
+"""
+
+
+@pytest.mark.slow
+def test_a_crashed_cell_fails_its_job_is_named_at_once_and_re_runs_alone(prepared, tmp_path):
+    """A RuntimeError inside one cell's job (as CUDA's out of memory): the job fails (not "Job completed
+    successfully"), the traceback is in the cell's train.log and the job's .err, the submitting command names the
+    cell's folder in one line while the other cell still trains, waits for it, and ends naming the failed cell; run
+    again with hydra.launcher.cells=failed, only that cell is submitted, and the sweep ends scored."""
+    (tmp_path / "sitecustomize.py").write_text(CRASH)
+    sweep = tmp_path / "sweep"
+    command = sweep_command(prepared, sweep, "train.max_steps=6", "model.clip=0,2")
+    done = subprocess.run(command, cwd=ROOT, env={**ENV, "CRASH_CELL": "clip-0",
+                                                  "PYTHONPATH": f"{tmp_path}:{ROOT}"},
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stderr.strip().splitlines()
+    failed = [line for line in lines if line.startswith("a cell of the sweep failed")]
+    crashed = next(sweep.glob("*clip-0*"))
+    assert done.returncode == 1 and len(failed) == 1, done.stderr[-4000:]
+    assert f"{crashed}: task 0: RuntimeError: CUDA out of memory" in failed[0] and "waiting for 1 other" in failed[0]
+    assert lines[-1].startswith("1 of 2 cells failed") and str(crashed) in lines[-1] and "cells=failed" in lines[-1]
+    assert sorted(cells(sweep)) == [2]  # the other cell was waited for: trained and scored
+    assert "Traceback" in (crashed / "train.log").read_text() and "CUDA out of memory" in (crashed / "train.log").read_text()
+    err = re.search(r"\.submitit/\S+_log\.err", failed[0])[0]
+    logs = "".join(path.read_text() for path in (sweep / Path(err).parent).glob("*_log.*"))
+    assert "Job completed successfully" not in logs and "RuntimeError: CUDA out of memory" in logs
+    assert "CUDA out of memory" in (crashed / "failed").read_text()
+    scored = next(iter(cells(sweep).values())) / "result.json"
+    scored_at = scored.stat().st_mtime_ns
+
+    again = subprocess.run([*command, "hydra.launcher.cells=failed"], cwd=ROOT, env=ENV, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "1 of 2 cells are scored; submitting 1 (hydra.launcher.cells=failed)" in again.stderr
+    assert sorted(cells(sweep)) == [0, 2] and scored.stat().st_mtime_ns == scored_at
+    assert not (crashed / "failed").exists()
+    idle = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert idle.returncode == 0 and "2 of 2 cells are scored; submitting 0" in idle.stderr, idle.stderr[-4000:]
+    assert len([job for job in (sweep / ".submitit").iterdir() if job.name.isdigit()]) == 3  # none for a scored cell
+
+
+@pytest.mark.slow
+def test_a_task_killed_by_a_signal_is_named_as_such(prepared, tmp_path):
+    """SIGKILL to one task of a cell's job (as the OOM killer sends): the submitting command says which task ended
+    without a word, not submitit's "Error stream produced:" header."""
+    sweep = tmp_path / "sweep"
+    running = subprocess.Popen(sweep_command(prepared, sweep, "train.max_steps=400", "model.clip=2"), cwd=ROOT,
+                               env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not any(sweep.glob(f"*/{LAST}")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tasks = subprocess.run(["pgrep", "-f", f"submitit.core._submit {sweep}"], capture_output=True,
+                           text=True).stdout.split()
+    assert len(tasks) == 2, tasks
+    os.kill(int(max(tasks, key=int)), signal.SIGKILL)
+    _, err = running.communicate(timeout=600)
+    failed = [line for line in err.splitlines() if line.startswith("a cell of the sweep failed")]
+    assert running.returncode == 1 and len(failed) == 1, err[-4000:]
+    assert "ended without a result or an error line" in failed[0] and "killed by a signal" in failed[0]
+    assert "Error stream produced" not in err

@@ -5,12 +5,13 @@ A cell is done when its record exists, and a record is written whole (a temporar
 study stopped half-way resumes at the first cell without a record and never takes a half-written record for a
 finished run. A cell that fails costs only itself: the others run, then the study ends in one line naming every
 failed cell (exit 2). Ctrl-C or SIGTERM ends the study at once (the running cells are lost, the finished records
-kept): one line, exit 75, and the same command continues.
+kept): one line, exit 75, and the same command continues; so does a killed worker, in one line with exit 2.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sys
 from collections.abc import Callable, Iterable
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from joblib import Parallel, delayed
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from nmt.errors import Stopped, UserError
 from nmt.outputs import temporary_name
@@ -38,13 +40,16 @@ def run_cells(run: Callable[..., str], cells: Iterable[Cell], jobs: int) -> list
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends the study as Ctrl-C does:
     try:  # joblib then ends its workers (the default action would leave them running, orphaned)
         for cell, line, ok in Parallel(n_jobs=max(1, jobs), batch_size=1, return_as="generator_unordered")(
-                delayed(_one_thread)(run, cell) for cell in todo):
+                delayed(_one_thread)(run, cell, jobs > 1) for cell in todo):
             failed += [] if ok else [cell]
             print(line, flush=True)
     except KeyboardInterrupt:
-        print(f"stopped: {sum(cell.record.is_file() for cell in todo)} of {len(todo)} runs recorded; run the same "
-              "command again to continue (recorded runs are kept)", file=sys.stderr, flush=True)
+        print(f"stopped: {_recorded(todo)}", file=sys.stderr, flush=True)
         raise Stopped from None
+    except TerminatedWorkerError as err:  # a worker killed (the OOM killer): joblib ends the running cells with it
+        codes = re.search(r"exit codes of the workers are (\{.*?\})", str(err))
+        raise UserError(f"a worker of the study was killed (exit code {codes[1] if codes else 'unknown'}), and with "
+                        f"it the running cells: {_recorded(todo)}") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
     if failed:  # the study's exit says so too: a script or a scheduler that reads only the exit code must not see 0
@@ -53,12 +58,19 @@ def run_cells(run: Callable[..., str], cells: Iterable[Cell], jobs: int) -> list
     return todo
 
 
-def _one_thread(run: Callable[..., str], cell: Cell) -> tuple[Cell, str, bool]:
-    """In a worker: run(*cell.args) on one CPU thread; (the cell, its line, whether it ran): FAILED and why if not.
-    The worker ends with the study, however the study ends (a SIGKILL too: no cell trains on for nobody)."""
+def _recorded(todo: list[Cell]) -> str:
+    return (f"{sum(cell.record.is_file() for cell in todo)} of {len(todo)} runs recorded; run the same command again "
+            "to continue (recorded runs are kept)")
+
+
+def _one_thread(run: Callable[..., str], cell: Cell, in_worker: bool) -> tuple[Cell, str, bool]:
+    """run(*cell.args) on one CPU thread; (the cell, its line, whether it ran): FAILED and why if not. A worker ends
+    with the study, however the study ends (a SIGKILL too: no cell trains on for nobody); with one job joblib runs
+    the cells in the study's own process, which must not end with its parent (a shell left with nohup)."""
     import torch
 
-    die_with_parent()
+    if in_worker:
+        die_with_parent()
     torch.set_num_threads(1)
     try:
         return cell, run(*cell.args), True

@@ -1,6 +1,6 @@
 """A synthetic study's grid (experiments/grid.py): a recorded cell is never run again, a failed cell costs only itself
-and is named (exit 2), records are written whole, and a study stopped by Ctrl-C, SIGTERM or SIGKILL takes its
-workers along, keeps its finished records and continues where it stopped."""
+and is named (exit 2), records are written whole, and a study stopped by Ctrl-C, SIGTERM or SIGKILL (or a worker
+killed) takes its workers along, keeps its finished records and continues where it stopped."""
 
 import json
 import os
@@ -89,7 +89,8 @@ def ended(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", pytest.param("Ctrl-C", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", pytest.param("Ctrl-C", marks=pytest.mark.slow),
+                                 pytest.param("a worker killed", marks=pytest.mark.slow)])
 def test_a_stopped_study_takes_its_workers_along_and_continues(tmp_path, how):
     script = tmp_path / "study.py"
     script.write_text(STUDY)
@@ -100,12 +101,18 @@ def test_a_stopped_study_takes_its_workers_along_and_continues(tmp_path, how):
     workers = {int((tmp_path / f"started{i}").read_text()) for i in (1, 2)}
     if how == "Ctrl-C":  # the terminal signals the whole foreground group: the study and its workers
         os.killpg(study.pid, signal.SIGINT)
+    elif how == "a worker killed":  # by the OOM killer
+        os.kill(min(workers), signal.SIGKILL)
     else:
         study.send_signal(getattr(signal, how))
     out, err = study.communicate(timeout=60)
     wait_for(lambda: all(ended(pid) for pid in workers), 30)  # no cell trains on for nobody
     if how == "SIGKILL":  # no handler runs, as from a scheduler or the OOM killer
         assert study.returncode == -signal.SIGKILL
+    elif how == "a worker killed":
+        assert study.returncode == 2 and err.strip().splitlines() == [
+            "error: a worker of the study was killed (exit code {SIGKILL(-9)}), and with it the running cells: 1 of 4 "
+            "runs recorded; run the same command again to continue (recorded runs are kept)"], err
     else:
         assert study.returncode == 75 and "Traceback" not in err, err[-2000:]
         assert err.strip().splitlines() == ["stopped: 1 of 4 runs recorded; run the same command again to continue "

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from experiments.grid import Cell, read_records, run_grid, write_record
+from experiments.grid import Cell, read_records, run_cells, write_record
 from experiments.reach import FIRST_TOKEN, Tagger, fit
 from nmt.cli import ends_in_one_line
 from nmt.machine import host
@@ -126,11 +126,11 @@ def main() -> None:
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     if not args.report:
-        run_grid(run_one, [Cell(record_path(args.output, t, e, n, s), (t, e, s, n, args.updates, args.output))
+        run_cells(run_one, [Cell(record_path(args.output, t, e, n, s), (t, e, s, n, args.updates, args.output))
                            for s in args.seeds for n in args.layers for t in args.tasks for e in args.edges], args.jobs)
     print(report(args.output))
 
 
 if __name__ == "__main__":
-    with ends_in_one_line("edge_values"):  # a stopped grid: one line, exit 75
+    with ends_in_one_line("edge_values"):  # a stopped study: one line, exit 75
         main()

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from experiments.grid import Cell, read_records, run_grid, write_record
+from experiments.grid import Cell, read_records, run_cells, write_record
 from experiments.modes import ABSOLUTE, ALIBI, BUCKETS, NONE, RELATIVE, ROPE, T5
 from experiments.reach import FIRST_TOKEN, LENGTH, MAX_DISTANCE, Tagger, batch, copy_loss, fit, offset_symbols
 from experiments.shortcuts import shortcut_shares
@@ -244,12 +244,12 @@ def main() -> None:
         raise SystemExit(f"{args.output} holds runs of --task {', '.join(sorted(others))}; give this task its own "
                          f"--output")
     if not args.report:
-        run_grid(run_one, [Cell(record_path(args.output, m, s),
+        run_cells(run_one, [Cell(record_path(args.output, m, s),
                                 (m, s, args.layers, args.updates, args.output, args.task))
                            for s in args.seeds for m in args.modes], args.jobs)
     print(report(args.output))
 
 
 if __name__ == "__main__":
-    with ends_in_one_line("extrapolate"):  # a stopped grid: one line, exit 75
+    with ends_in_one_line("extrapolate"):  # a stopped study: one line, exit 75
         main()

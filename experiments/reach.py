@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from experiments.grid import Cell, read_records, run_grid, write_record
+from experiments.grid import Cell, read_records, run_cells, write_record
 from nmt.cli import ends_in_one_line
 from nmt.machine import host
 from nmt.modes import Position
@@ -210,11 +210,11 @@ def main() -> None:
     if not args.report:
         cells = [Cell(record_path(args.output, n, k, s), (n, k, s, args.updates, args.output))
                  for s in args.seeds for k in args.clips for n in args.layers]
-        cells.sort(key=lambda cell: -cell.args[0])  # the deepest (slowest) first, so the pool ends together
-        run_grid(train_one, cells, args.jobs)
+        cells.sort(key=lambda cell: -cell.args[0])  # the deepest (slowest) first, so the workers end together
+        run_cells(train_one, cells, args.jobs)
     print(report(args.output))
 
 
 if __name__ == "__main__":
-    with ends_in_one_line("reach"):  # a stopped grid: one line, exit 75
+    with ends_in_one_line("reach"):  # a stopped study: one line, exit 75
         main()

@@ -1,5 +1,5 @@
-"""A cluster's own faults (docs/robustness.md): a sweep re-run into the jobs its killed run is still stopping, a cell
-that fails, per-node locks on a shared file system, a folder name past the file system's limit, a submission that
+"""A cluster's own faults (docs/robustness.md): a sweep re-run into the jobs its killed run is still stopping, per-node
+locks on a shared file system, a folder name past the file system's limit, a submission that
 sbatch refuses. Each ends in one line (exit 2) or continues, with nothing lost."""
 
 import os
@@ -12,10 +12,8 @@ import time
 
 import pytest
 
-from experiments import grid
 from nmt.checkpoints import folder_lock
 from nmt.checkpoints.checkpoint import CheckpointError
-from nmt.errors import UserError
 from nmt.run_names import data_label, model_overrides_suffix
 from nmt.runtime import stop_signals
 from tests.conftest import ROOT, one_error_line, wait_for
@@ -83,18 +81,6 @@ def test_a_lock_that_holds_per_node_only_cannot_let_a_second_node_in(tmp_path, m
     os.utime(folder / ".lock", (stale, stale))
     with folder_lock.lock_folder(folder):
         pass
-
-
-def _fails_or_ends(name):
-    if name == "bad":
-        raise UserError("bad: exit 2, see its log")
-    return f"{name}: done"
-
-
-def test_a_grid_with_a_failed_cell_runs_the_others_then_fails(tmp_path):
-    cells = [grid.Cell(tmp_path / name / "result.json", (name,)) for name in ("bad", "good")]
-    with pytest.raises(UserError, match=f"1 of 2 runs failed .*{tmp_path / 'bad'}"):
-        grid.run_grid(_fails_or_ends, cells, jobs=1)
 
 
 def test_a_long_list_of_overrides_still_names_a_folder():

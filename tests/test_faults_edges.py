@@ -1,6 +1,6 @@
-"""Nothing lost at the edges a cluster reaches (issue 56): ranks that read different data, a sweep killed from
-outside, a vocabulary too small for its text, an experiment that does not average, a run folder that lost its whole
-state, an output that is an input or a folder, a killed writer's temporary file, a refusal under torchrun's
+"""Nothing lost at the edges a cluster reaches (issue 56): ranks that read different data, a vocabulary too
+small for its text, an experiment that does not average, a run folder that lost its whole state, an output that is
+an input or a folder, a killed writer's temporary file, a refusal under torchrun's
 restarts, and an old multi-process checkpoint's data position."""
 
 import json
@@ -28,7 +28,6 @@ from tests.conftest import (
     model_overrides,
     multi30k_lines,
     one_error_line,
-    wait_for,
     write,
 )
 
@@ -106,59 +105,7 @@ def test_a_batch_out_of_reach_under_torchruns_restarts_is_refused_once(prepared,
     assert not (tmp_path / "out").exists()
 
 
-# 2. A sweep killed from outside, then run again
-
-GRID = """import sys
-from pathlib import Path
-from experiments import grid, sweep
-JOB = '''import os, signal, sys, time
-def stop(*_):  # as nmt.experiment: a checkpoint, then exit 75
-    open(sys.argv[1] + ".stopped", "w").close()
-    sys.exit(75)
-if os.path.exists(sys.argv[1] + ".stopped"):  # continued from its checkpoint
-    sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
-open(sys.argv[1], "w").write(str(os.getppid()))
-time.sleep(300)
-'''
-def run(started):
-    assert grid.run_child([sys.executable, "-c", JOB, started]) == 0
-    grid.write_record(Path(started + ".json"), {})
-    return started + ": done"
-if __name__ == "__main__":
-    held = sweep.claim_the_cores()
-    assert held is None, held
-    folder = Path(sys.argv[1])
-    grid.run_grid(run, [grid.Cell(folder / f"job{i}.json", (str(folder / f"job{i}"),)) for i in range(2)], jobs=2)
-"""
-
-
-def ended(pid: int) -> bool:
-    """Gone, or a zombie nobody reaped yet (its parent was killed)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def test_a_sweep_killed_from_outside_takes_its_workers_and_lock_along_and_a_rerun_continues(tmp_path):
-    script = tmp_path / "grid_main.py"
-    script.write_text(GRID)
-    sweep = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=ROOT, env=ENV)
-    wait_for(lambda: all((tmp_path / f"job{i}").exists() for i in range(2)) or sweep.poll() is not None, 120)
-    workers = [int((tmp_path / f"job{i}").read_text()) for i in range(2)]
-    sweep.kill()  # SIGKILL: no handler runs, as from a scheduler or the OOM killer
-    sweep.wait()
-    wait_for(lambda: all((tmp_path / f"job{i}.stopped").exists() for i in range(2)), 30)  # each job saved and ended
-    wait_for(lambda: all(ended(pid) for pid in workers), 30)  # and so did its worker
-    again = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True,
-                           text=True, timeout=120)
-    assert again.returncode == 0, again.stderr[-2000:]  # the cores are free: the lock died with the sweep
-    assert "job0: done" in again.stdout and "job1: done" in again.stdout  # both jobs continued
-    assert all((tmp_path / f"job{i}.json").is_file() for i in range(2))
-
-
-# 3. A vocabulary smaller than the corpus's characters
+# 2. A vocabulary smaller than the corpus's characters
 
 def test_a_vocabulary_too_small_for_the_characters_is_one_line_naming_the_setting(prepared, tmp_path):
     local = [*data_overrides(prepared), f"data.prepared_dir={tmp_path / 'prepared'}"]
@@ -171,7 +118,7 @@ def test_a_vocabulary_too_small_for_the_characters_is_one_line_naming_the_settin
     one_error_line(done, "data.vocab_sample=50 is invalid: it must be > 100")
 
 
-# 4. An experiment whose recipe does not average
+# 3. An experiment whose recipe does not average
 
 def test_an_experiment_that_does_not_average_decodes_its_newest_checkpoint(prepared, tmp_path):
     out = tmp_path / "exp"
@@ -184,7 +131,7 @@ def test_an_experiment_that_does_not_average_decodes_its_newest_checkpoint(prepa
     assert not (out / "averaged.pt").exists()
 
 
-# 5. A run folder that lost its whole-state checkpoints
+# 4. A run folder that lost its whole-state checkpoints
 
 def test_numbered_checkpoints_without_a_whole_state_are_never_restarted_over(prepared, run_dir, tmp_path):
     folder = tmp_path / "run"
@@ -202,7 +149,7 @@ def test_numbered_checkpoints_without_a_whole_state_are_never_restarted_over(pre
     assert [p.name for p in numbered_checkpoints(folder)] == ["checkpoint_0000002.pt", "checkpoint_0000004.pt"]
 
 
-# 6. and 7. An output that is an input, or a folder
+# 5. and 6. An output that is an input, or a folder
 
 def test_translate_refuses_to_write_the_file_on_its_standard_input(run_dir, tmp_path):
     source = tmp_path / "in.en"

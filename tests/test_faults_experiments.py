@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import grid
 from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
-from nmt.errors import EXIT_STOPPED, Stopped
+from nmt.errors import EXIT_STOPPED
 from nmt.experiment import RECORD, claim_folder
 from nmt.run_names import cell_name_for
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
@@ -76,24 +75,6 @@ def test_a_folder_of_another_experiment_is_refused_unfinished_and_replaced_finis
         claim_folder(tmp_path / "mine", mine)
 
 
-def test_a_grid_whose_run_was_stopped_lets_the_running_ones_end_and_starts_no_new_one(tmp_path, capsys):
-    cells = [grid.Cell(tmp_path / name / "result.json", (name,)) for name in ("b", "a", "c")]
-    with pytest.raises(Stopped, match="run the same command again to continue"):
-        grid.run_grid(_one_stops, cells, jobs=2)  # b and a run side by side; a is stopped; c never starts
-    printed = capsys.readouterr().out
-    assert "stopped with a checkpoint in a" in printed and "b: done" in printed and "c: done" not in printed
-
-
-def _one_stops(name: str) -> str:
-    if name == "b":
-        import time
-
-        time.sleep(1)  # still running when a is stopped
-    if name == "a":
-        raise Stopped("stopped with a checkpoint in a")
-    return f"{name}: done"
-
-
 def test_the_demo_stopped_exits_75_in_one_line(prepared, tmp_path):
     """scripts/demo.py on the test corpus (later overrides win), stopped by SIGTERM as make demo would be."""
     out = tmp_path / "demo"
@@ -127,30 +108,3 @@ def test_a_second_sweep_on_the_same_cores_is_refused_unless_told_to_share(tmp_pa
                             "assert claim_the_cores() is None"], cwd=ROOT, env=ENV, capture_output=True, text=True)
     assert freed.returncode == 0, freed.stderr  # freed when its holder ended, however it ended (asked in a child:
     # this process holding the machine-wide lock would refuse every later sweep of the session)
-
-
-CHILD = """import signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))  # as nmt.experiment: stop with a checkpoint, exit 75
-open(sys.argv[1], "w").close()
-time.sleep(120)
-"""
-
-
-def _a_long_child(started: str) -> str:
-    code = grid.run_child([sys.executable, "-c", CHILD, started])
-    if code == EXIT_STOPPED:
-        raise Stopped("stopped with a checkpoint")
-    return f"exit {code}"
-
-
-def test_a_signal_to_the_grid_stops_its_running_jobs_and_starts_no_new_one(tmp_path, capsys):
-    import threading
-
-    cells = [grid.Cell(tmp_path / f"{i}.json", (str(tmp_path / f"started{i}"),)) for i in range(3)]
-    timer = threading.Thread(target=lambda: (wait_for(lambda: (tmp_path / "started0").exists(), 60),
-                                             os.kill(os.getpid(), signal.SIGTERM)))
-    timer.start()
-    with pytest.raises(Stopped):
-        grid.run_grid(_a_long_child, cells, jobs=1)
-    timer.join()
-    assert not (tmp_path / "started1").exists() and "SIGTERM: no new run starts" in capsys.readouterr().out

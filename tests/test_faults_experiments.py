@@ -88,23 +88,3 @@ def test_the_demo_stopped_exits_75_in_one_line(prepared, tmp_path):
     _, stderr = job.communicate(timeout=300)
     assert job.returncode == EXIT_STOPPED and "Traceback" not in stderr, stderr[-2000:]
     assert "run the same command again to continue (exit code 75)" in stderr.strip().splitlines()[-1]
-
-
-def test_a_second_sweep_on_the_same_cores_is_refused_unless_told_to_share(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import time\nfrom experiments.sweep import claim_the_cores\n"
-                               "assert claim_the_cores() is None\nprint('held', flush=True)\ntime.sleep(120)"],
-                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        second = subprocess.run([sys.executable, "-m", "experiments.sweep", "table3", "--device", "cpu", "--results",
-                                 str(tmp_path)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr[-2000:]
-        assert f"another sweep uses this machine's cores (pid {holder.pid}" in second.stderr
-        assert "give --threads N" in second.stderr and not any(tmp_path.iterdir())
-    finally:
-        holder.kill()
-        holder.wait()
-    freed = subprocess.run([sys.executable, "-c", "from experiments.sweep import claim_the_cores\n"
-                            "assert claim_the_cores() is None"], cwd=ROOT, env=ENV, capture_output=True, text=True)
-    assert freed.returncode == 0, freed.stderr  # freed when its holder ended, however it ended (asked in a child:
-    # this process holding the machine-wide lock would refuse every later sweep of the session)

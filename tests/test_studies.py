@@ -1,0 +1,88 @@
+"""A study is a Hydra sweep of the one cell path (configs/study/), run N cells at a time by an existing launcher
+(Hydra's joblib launcher here, SLURM's on a cluster) and collected by the one collector (relnmt-table)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from nmt.checkpoints.checkpoint import LAST
+from nmt.config import register_schemas
+from nmt.page import page_blocks
+from nmt.run_names import composed
+from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+SMALL = ["train.max_tokens=300", "train.tokens_per_update=300", "train.valid_every=0", "train.valid_bleu_sentences=0",
+         "train.log_every=1", "train.save_every_steps=2", "train.keep_last=2", "train.average_last=1",
+         "train.device=cpu", "train.score_lines=5", "train.precision=fp32"]
+
+
+def study(prepared, sweep_dir, *extra) -> list[str]:
+    """Table 1's study shrunk: its sweep (rows, seeds) as the study declares it, on the test corpus and model."""
+    return [sys.executable, "-m", "nmt.train", "-m", "+study=table1", f"hydra.sweep.dir={sweep_dir}",
+            *data_overrides(prepared), *model_overrides(), *SMALL, *extra]
+
+
+def test_every_study_composes_for_this_machine_and_for_slurm():
+    register_schemas()
+    for path in sorted((ROOT / "configs" / "study").glob("*.yaml")):
+        for launcher in ([], ["hydra/launcher=slurm"]):
+            cfg = composed([f"+study={path.stem}", *launcher], with_hydra=True)
+            params = cfg.hydra.sweeper.params
+            assert "train.seed" in params and cfg.hydra.sweep.dir == "results/cells", path.name
+            target = cfg.hydra.launcher._target_
+            assert target.endswith("SlurmLauncher" if launcher else "JoblibLauncher"), (path.name, target)
+
+
+@pytest.mark.slow
+def test_a_study_trains_scores_collects_and_runs_again_for_nothing(prepared, tmp_path):
+    """2 rows x 3 seeds, 2 cells at a time: every cell trained and scored, the table tested with Holm; the study run
+    again trains nothing; a cell killed mid-run continues, on the re-run, to the very model an unkilled run gives."""
+    sweep = tmp_path / "cells"
+    rows = ["+ablation=absolute,relative", "train.seed=1,2,3", "train.max_steps=4"]
+    done = subprocess.run(study(prepared, sweep, *rows), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = sorted(sweep.glob("*/result.json"))
+    assert len(results) == 6 and all(json.loads(p.read_text())["updates"] == 4 for p in results)
+    tables = tmp_path / "tables.yaml"
+    label = "local_en_de"  # the rows as the page declares them: the overrides that sweep them, less the seed
+    shared = [*data_overrides(prepared), *model_overrides(), *SMALL, "train.max_steps=4"]
+    tables.write_text(yaml.safe_dump({"toy": {
+        "study": "table1",
+        "rows": {f"{label}.absolute": ["+ablation=absolute", *shared], f"{label}.relative": ["+ablation=relative", *shared]},
+        "against": {f"{label}.relative": [f"{label}.absolute"]}}}))
+    blocks, unscored = page_blocks(sweep, tables, samples=50)
+    assert not unscored and f"| {label}.absolute | 3 |" in blocks["toy"] and f"| {label}.relative | 3 |" in blocks["toy"]
+    relative_row = blocks["toy"].splitlines()[-1].split(" | ")
+    assert relative_row[6] == f"{label}.absolute" and float(relative_row[8]) >= float(relative_row[7])  # Holm's p
+
+    stamps = {p: p.stat().st_mtime_ns for p in results}
+    again = subprocess.run(study(prepared, sweep, *rows), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0 and again.stderr.count("done (4 updates") == 6, again.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in results} == stamps and "training" not in again.stderr.lower().split(
+        "done (")[0][-200:]
+
+    longer = ["+ablation=relative", "train.seed=1", "train.max_steps=10"]
+    killed = subprocess.Popen(study(prepared, tmp_path / "killed", *longer), cwd=ROOT, env=ENV,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for(lambda: any((tmp_path / "killed").glob(f"*/checkpoint_0000004.pt")), seconds=300)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    assert not any((tmp_path / "killed").glob("*/result.json"))
+    for folder in ("killed", "unkilled"):
+        run = subprocess.run(study(prepared, tmp_path / folder, *longer), cwd=ROOT, env=ENV, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+    (resumed,), (reference,) = ((tmp_path / f).glob("*/result.json") for f in ("killed", "unkilled"))
+    assert resumed.parent.name == reference.parent.name
+    weights = [torch.load(p.parent / LAST, map_location="cpu", weights_only=False)["model"] for p in (resumed, reference)]
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[1])
+    assert (resumed.parent / "test.hyp.de").read_text() == (reference.parent / "test.hyp.de").read_text()

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from omegaconf import OmegaConf
 
 from nmt.checkpoints.checkpoint import load_checkpoint, numbered_checkpoints
 from nmt.cluster import export_ranks, requeue_after
@@ -25,6 +24,7 @@ from nmt.data.readers import read_lines
 from nmt.decoding.decode import load_translator, translate_lines
 from nmt.errors import Stopped, UserError
 from nmt.machine import host, machine
+from nmt.recorded_config import plain_job
 from nmt.run_names import defines_run
 from nmt.runtime import resolve_device
 from nmt.score import score
@@ -61,11 +61,6 @@ def defining_config(config: dict) -> dict:
     """A resolved job's fields that define its run (nmt.run_names.defines_run)."""
     return {section: {name: value for name, value in config.get(section, {}).items() if defines_run(section, name)}
             for section in ("model", "optim", "train", "data")}
-
-
-def plain_job(job: TrainJob) -> dict:
-    """The job as plain values, as checkpoints and results record it."""
-    return OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
 
 
 def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:

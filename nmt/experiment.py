@@ -12,7 +12,6 @@ What is decoded is the average the recipe asks for (train.average_last=N); a rec
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -20,29 +19,21 @@ import shutil
 import sys
 import threading
 import time
-from enum import Enum
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from nmt.batch import micro_batches
 from nmt.cell import checkpoint_to_decode, decode_and_score
 from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.checkpoints.folder_lock import lock_folder
 from nmt.cli import ends_in_one_line, program_name
-from nmt.config import (
-    DataConfig,
-    ModelConfig,
-    OptimConfig,
-    SearchConfig,
-    TrainConfig,
-    TrainJob,
-    register_schemas,
-)
+from nmt.config import SearchConfig, TrainJob, register_schemas
+from nmt.recorded_config import schema_default
 from nmt.runtime import retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
 from nmt.train import run
-from nmt.training.batch import micro_batches
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 log = logging.getLogger("nmt.experiment")
@@ -80,16 +71,6 @@ def run_identity(overrides: list[str]) -> str:
     return json.dumps(resolved, sort_keys=True)
 
 
-def schema_default(path: tuple[str, ...]):
-    """The schema's default of a resolved config's field (("model", "t5_buckets") -> 32), None where it has none."""
-    sections = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-    if len(path) != 2 or path[0] not in sections:
-        return None
-    field = next((f for f in dataclasses.fields(sections[path[0]]) if f.name == path[1]), None)
-    default = None if field is None or field.default is dataclasses.MISSING else field.default
-    return default.value if isinstance(default, Enum) else default
-
-
 def same_config(a, b, path: tuple[str, ...] = ()) -> bool:
     """Equal resolved configs; a field only one side has counts as equal when the other side holds null or the
     schema's default there (a field added to the schema after a run was recorded, left at its default)."""
@@ -97,7 +78,7 @@ def same_config(a, b, path: tuple[str, ...] = ()) -> bool:
         return all(same_config(a.get(name, MISSING), b.get(name, MISSING), (*path, name)) for name in set(a) | set(b))
     if a is MISSING or b is MISSING:
         present = b if a is MISSING else a
-        return present is None or present == schema_default(path)
+        return present is None or (len(path) == 2 and present == schema_default(*path))
     return a == b
 
 

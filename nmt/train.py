@@ -12,6 +12,7 @@ from pathlib import Path
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from nmt.batch import micro_batches
 from nmt.cell import is_sweep_cell, run_cell
 from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.checkpoints.folder_lock import RUN_BOOKKEEPING, hold_folder
@@ -21,7 +22,6 @@ from nmt.data.pipeline import prepare
 from nmt.errors import Stopped, UserError
 from nmt.outputs import remove_unused_folder
 from nmt.runtime import Env, rank0_first, setup_env, setup_logging
-from nmt.training.batch import micro_batches
 from nmt.training.dry_run import dry_run_report, seconds_per_update
 from nmt.training.trainer import Trainer
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
+from nmt.outputs import write_json
 from nmt.workers import die_with_parent
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -127,9 +128,7 @@ def run_grid(run: Callable[..., str], cells: Iterable[Cell], jobs: int, threads:
 def write_record(path: Path, record: dict, indent: int = 1) -> None:
     """The record as indented JSON, whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(record, indent=indent) + "\n")
-    partial.replace(path)
+    write_json(path, record, indent)
 
 
 def read_records(folder: Path, pattern: str) -> list[dict]:

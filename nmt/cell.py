@@ -24,6 +24,7 @@ from nmt.data.readers import read_lines
 from nmt.decoding.decode import load_translator, translate_lines
 from nmt.errors import Stopped, UserError
 from nmt.machine import host, machine
+from nmt.outputs import write_json
 from nmt.recorded_config import plain_job
 from nmt.run_names import defines_run
 from nmt.runtime import resolve_device
@@ -156,9 +157,7 @@ def score_cell(job: TrainJob, out: Path) -> dict:
                    "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
                                                                         "share_heads", "edge_buckets")},
                    "config": resolved})
-    staged = out / f".{RESULT}.tmp"
-    staged.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(staged, out / RESULT)
+    write_json(out / RESULT, result)
     print(f"{out}: sacreBLEU {result['bleu']:.2f} on {result['sentences']} {result['split']} sentences "
           f"({checkpoint.name}, {result['updates']} updates)", file=sys.stderr)
     return result

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -30,6 +29,7 @@ from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.checkpoints.folder_lock import lock_folder
 from nmt.cli import ends_in_one_line, program_name
 from nmt.config import SearchConfig, TrainJob, register_schemas
+from nmt.outputs import write_json
 from nmt.recorded_config import schema_default
 from nmt.runtime import retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
@@ -98,13 +98,6 @@ def find_same_run(identity: str, results: Path, exclude: Path, split: str = "tes
 
 
 RECORD = "experiment.json"  # in an experiment's folder: which run it holds (its identity), and whether it finished
-
-
-def write_json(path: Path, record: dict) -> None:
-    """Whole or not at all (a kill mid-write leaves the previous record)."""
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(staged, path)
 
 
 def differing_fields(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -191,7 +184,7 @@ def main(argv=None) -> int:
     result["command"] = " ".join(["python -m nmt.experiment", *(argv if argv is not None else sys.argv[1:])])
     for path in {args.output / "result.json", args.result or args.output / "result.json"}:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(path, result)
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
           f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
           f"{tokenized_bleu_of(result):.2f}\n"

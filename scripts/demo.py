@@ -16,13 +16,13 @@ OUTPUT is replaced; an unfinished one is refused (nmt.experiment.claim_folder).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line
 from nmt.experiment import train_and_score
+from nmt.outputs import write_json
 from nmt.runtime import experiment_cpu_precision, retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
 
@@ -45,7 +45,7 @@ def main() -> None:
     with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
         result = train_and_score(overrides, args.output, args.split, lines=args.lines)
     result["command"] = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
-    (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output / "score.json", result)
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
           f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
           f"{tokenized_bleu_of(result):.2f}\n"

@@ -56,7 +56,7 @@ class Variant:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp_dtype: torch.dtype | None):
         import nmt.kernels.torch_attention as torch_attention
         from nmt.kernels.dropout import Dropout, keep_mask
-        from nmt.runtime import autocast
+        from nmt.runtime.precision import autocast
         from nmt.training.loss import smoothed_loss
 
         self.model, self.optimizer, self.attention, self.amp_dtype = model, optimizer, torch_attention, amp_dtype
@@ -196,7 +196,7 @@ def main() -> None:
     from nmt.data.pipeline import prepare
     from nmt.experiment import compose_job
     from nmt.machine import machine
-    from nmt.runtime import setup_env
+    from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer
 
     job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "train.device=cpu", f"train.precision={args.precision}",

@@ -34,7 +34,7 @@ from nmt.cli import ends_in_one_line
 from nmt.data.pipeline import prepare
 from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.experiment import compose_job, find_same_run, run_identity
-from nmt.runtime import experiment_cpu_precision
+from nmt.runtime.precision import experiment_cpu_precision
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -27,7 +27,7 @@ from nmt.machine import host, machine
 from nmt.outputs import write_json
 from nmt.recorded_config import plain_job
 from nmt.run_names import defines_run
-from nmt.runtime import resolve_device
+from nmt.runtime.process import resolve_device
 from nmt.score import score
 
 RESULT = "result.json"

@@ -13,7 +13,7 @@ from nmt.run_names import cell_name, data_label, init_from_suffix, model_overrid
 
 
 def valid_device(name: str) -> bool:
-    """auto | cpu | cuda | cuda:N (resolved by nmt.runtime.resolve_device)."""
+    """auto | cpu | cuda | cuda:N (resolved by nmt.runtime.process.resolve_device)."""
     return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
 
 

@@ -31,7 +31,7 @@ from nmt.cli import ends_in_one_line, program_name
 from nmt.config import SearchConfig, TrainJob, register_schemas
 from nmt.outputs import write_json
 from nmt.recorded_config import schema_default
-from nmt.runtime import retain_freed_memory
+from nmt.runtime.memory import retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
 from nmt.train import run
 

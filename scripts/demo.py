@@ -23,7 +23,8 @@ from pathlib import Path
 from nmt.cli import ends_in_one_line
 from nmt.experiment import train_and_score
 from nmt.outputs import write_json
-from nmt.runtime import experiment_cpu_precision, retain_freed_memory
+from nmt.runtime.memory import retain_freed_memory
+from nmt.runtime.precision import experiment_cpu_precision
 from nmt.score import tokenized_bleu_of, tokenized_label
 
 

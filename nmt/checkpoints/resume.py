@@ -13,7 +13,8 @@ from nmt.data.pipeline import Prepared
 from nmt.data.readers import DataError
 from nmt.recorded_config import with_schema_defaults
 from nmt.run_names import defines_run
-from nmt.runtime import Env, all_gather
+from nmt.runtime.distributed import all_gather
+from nmt.runtime.process import Env
 
 
 def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path) -> None:

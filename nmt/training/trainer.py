@@ -27,15 +27,11 @@ from nmt.errors import EXIT_STOPPED
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.modeling.transformer import Transformer, count_parameters, model_cases
 from nmt.recorded_config import plain_job
-from nmt.runtime import (
-    Env,
-    autocast_dtype,
-    parallelize,
-    rng_state,
-    set_rng_state,
-    stop_signals,
-    sum_over_ranks,
-)
+from nmt.runtime.distributed import parallelize, sum_over_ranks
+from nmt.runtime.precision import autocast_dtype
+from nmt.runtime.process import Env
+from nmt.runtime.rng import rng_state, set_rng_state
+from nmt.runtime.signals import stop_signals
 from nmt.training.best import BestCheckpoint
 from nmt.training.loss import batch_loss
 from nmt.training.metrics import Metrics, UpdateStats

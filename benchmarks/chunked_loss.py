@@ -14,9 +14,9 @@ chunking).
 - Memory: each value in a fresh process (its own peak), after a first update (the gradients and Adam's state exist):
   the update's peak above what the process held before it (CUDA: torch.cuda.max_memory_allocated; CPU: the
   allocations and frees torch's profiler records, in their order), and the process's peak (CUDA: the same counter
-  from zero; CPU: peak RSS, with the trainer's heap settings, nmt.runtime.retain_freed_memory). Of the update's peak,
-  "activations" is what the forward up to the decoder's output states keeps for the backward (the same for every
-  value), and "above activations" the rest: the output layer and loss, and the parameters' gradients.
+  from zero; CPU: peak RSS, with the trainer's heap settings, nmt.runtime.memory.retain_freed_memory). Of the
+  update's peak, "activations" is what the forward up to the decoder's output states keeps for the backward (the
+  same for every value), and "above activations" the rest: the output layer and loss, and the parameters' gradients.
 - Time: the values side by side in one process, medians of --repeats interleaved updates (nmt.timing).
 - Identity: the loss and every parameter's gradient of one update for each value against the first's, on the same
   batch and dropout masks: the largest difference, relative to the loss and to the largest gradient of any
@@ -49,7 +49,8 @@ def setup(device: str, precision: str, length: int, preset: str, max_tokens: int
     from nmt.experiment import compose_job
     from nmt.kernels.dispatch import AttentionBackend
     from nmt.modeling.transformer import Transformer
-    from nmt.runtime import autocast_dtype, setup_env
+    from nmt.runtime.precision import autocast_dtype
+    from nmt.runtime.process import setup_env
     from nmt.training.optim import make_optimizer
     from nmt.training.trainer import check_attention
 
@@ -107,7 +108,7 @@ def activations_bytes(model, batch, env, amp_dtype) -> int:
     """What the forward up to the decoder's output states holds for the backward."""
     from torch.profiler import profile
 
-    from nmt.runtime import autocast
+    from nmt.runtime.precision import autocast
 
     if env.device.type == "cuda":
         held = torch.cuda.memory_allocated(env.device)
@@ -132,6 +133,7 @@ def measure_memory(chunk_tokens: int, args) -> dict:
         torch.cuda.reset_peak_memory_stats(env.device)
         step()
         torch.cuda.synchronize(env.device)
+        peak = torch.cuda.max_memory_allocated(env.device)
         update_peak, process_peak = (peak - held) / 2**20, peak / 2**20
     else:
         step()

@@ -27,7 +27,7 @@ from nmt.decoding.search import Uncached
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.modeling.transformer import BOS, EOS, Transformer
 from nmt.modes import Precision
-from nmt.runtime import autocast, autocast_dtype
+from nmt.runtime.precision import autocast, autocast_dtype
 from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent

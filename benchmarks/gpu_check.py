@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nmt.outputs import write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT_FILES = ("summary.md", "answers.json", "log.txt", "archive.tar.gz")
 
@@ -70,13 +72,6 @@ STAGES = (
     Stage("resources", 25, "96 kernel compiles over 16 processes (ptxas)",
           "registers, spills and shared memory on this machine's triton"),
 )
-
-
-def write_json(path: Path, value) -> None:
-    """Whole or not at all: a reader (or a kill) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=1, default=str) + "\n")
-    tmp.replace(path)
 
 
 def run_stage(argv: list[str], limit_s: float, log, env: dict | None = None) -> tuple[str, float, str | None]:
@@ -197,7 +192,7 @@ def main(argv=None) -> int:
                                    "error": stage_error(answers, error), "answers": answers}
             print(f"   {status} in {seconds:.0f} s{': ' + results[stage.name]['error'] if status != 'ok' else ''}",
                   flush=True)
-            write_json(out / "answers.json", {"meta": meta, "stages": results})
+            write_json(out / "answers.json", {"meta": meta, "stages": results}, indent=1)
             (out / "summary.md").write_text(summary(meta, results))
             pack(out, work)
     print((out / "summary.md").read_text())

@@ -200,7 +200,7 @@ def training_step_against_torch_path(device, model_overrides: list[str], amp_dty
     from nmt.experiment import preset_job
     from nmt.kernels.dispatch import AttentionBackend
     from nmt.modeling.transformer import Transformer, model_cases
-    from nmt.runtime import autocast
+    from nmt.runtime.precision import autocast
 
     cfg = preset_job(*model_overrides, "model.dropout=0.0").model
     g = torch.Generator().manual_seed(0)

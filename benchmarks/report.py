@@ -5,13 +5,12 @@ or not at all."""
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import shlex
 import sys
 from pathlib import Path
 
 from nmt.machine import host
+from nmt.outputs import write_json
 
 
 def invoked_command() -> str:
@@ -26,6 +25,4 @@ def write_report(path: Path | str, report: dict, indent: int = 2) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {**report, "command": report.get("command") or invoked_command(), "host": host(),
               "date": datetime.date.today().isoformat()}
-    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(record, indent=indent, default=str) + "\n")
-    partial.replace(path)
+    write_json(path, record, indent)

@@ -40,7 +40,7 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
 
     from nmt.data.batching import Prefetcher, training_stream
     from nmt.experiment import compose_job
-    from nmt.runtime import setup_env
+    from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer, check_attention
 
     job, _ = compose_job([f"model={preset}", "data=multi30k_en_de", f"model.position={position}",

@@ -9,7 +9,7 @@ update only). Each figure is a median of interleaved repeats (nmt.timing) in one
 after the other:
 
 1. The whole update (forward, loss, backward, Adam), one change at a time: PyTorch's dropout, composite loss and
-   Adam loop (`pytorch`), relnmt's dropout and loss (nmt/modeling/dropout.py, nmt/training/loss.py), then Adam's fused step (today).
+   Adam loop (`pytorch`), relnmt's dropout and loss (nmt/kernels/dropout.py, nmt/training/loss.py), then Adam's fused step (today).
 2. Its parts, each isolated at the batch's shapes: the GEMMs (from 3), the loss forward and backward, the dropout
    sites outside attention forward and backward, Adam's step; the rest is the whole less the parts. The data (a
    batch cut and collated on the host) is timed too; the trainer's prefetch thread does it off the step's path.
@@ -45,7 +45,7 @@ def pytorch_loss(logits, target, epsilon):
 
 
 def pytorch_keep_mask(shape, p, device):
-    """The attention-probability mask the fused-free path drew before nmt/modeling/dropout.py: one float per element."""
+    """The attention-probability mask the fused-free path drew before nmt/kernels/dropout.py: one float per element."""
     return torch.empty(shape, device=device).uniform_() >= p, 1.0 / (1.0 - p)
 
 
@@ -55,8 +55,8 @@ class Variant:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, amp_dtype: torch.dtype | None):
         import nmt.kernels.torch_attention as torch_attention
-        from nmt.modeling.dropout import Dropout, keep_mask
-        from nmt.runtime import autocast
+        from nmt.kernels.dropout import Dropout, keep_mask
+        from nmt.runtime.precision import autocast
         from nmt.training.loss import smoothed_loss
 
         self.model, self.optimizer, self.attention, self.amp_dtype = model, optimizer, torch_attention, amp_dtype
@@ -99,7 +99,7 @@ def part_times(variant: Variant, batch, cfg, vocab: int, repeats: int, p: float 
     residuals, FFN hidden; forward and backward) and Adam's step over the model's parameters."""
     from torch.nn import functional as F
 
-    from nmt.modeling.dropout import dropout
+    from nmt.kernels.dropout import dropout
     from nmt.training.loss import smoothed_loss
 
     (b, ns), nt = batch.src.shape, batch.tgt_in.shape[1]
@@ -196,7 +196,7 @@ def main() -> None:
     from nmt.data.pipeline import prepare
     from nmt.experiment import compose_job
     from nmt.machine import machine
-    from nmt.runtime import setup_env
+    from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer
 
     job, _ = compose_job(["model=tiny", "data=multi30k_en_de", "train.device=cpu", f"train.precision={args.precision}",

@@ -22,7 +22,7 @@ from joblib import Parallel, delayed
 from joblib.externals.loky.process_executor import TerminatedWorkerError
 
 from nmt.errors import Stopped, UserError
-from nmt.outputs import temporary_name
+from nmt.outputs import write_json
 from nmt.workers import die_with_parent
 
 
@@ -81,9 +81,7 @@ def _one_thread(run: Callable[..., str], cell: Cell, in_worker: bool) -> tuple[C
 def write_record(path: Path, record: dict, indent: int = 1) -> None:
     """The record as indented JSON, whole or not at all."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = temporary_name(path)
-    partial.write_text(json.dumps(record, indent=indent) + "\n")
-    partial.replace(path)
+    write_json(path, record, indent)
 
 
 def read_records(folder: Path, pattern: str) -> list[dict]:

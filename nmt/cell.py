@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from omegaconf import OmegaConf
 
 from nmt.cluster import export_ranks, requeue_after
 from nmt.config import ConfigError, TrainJob
 from nmt.errors import Stopped, UserError
 from nmt.record import RESULT, finish_run
+from nmt.recorded_config import plain_job
 from nmt.run_names import defines_run
 
 FAILED = "failed"  # in a cell's folder: one line, why its last job failed (the submitting command writes it)
@@ -55,11 +55,6 @@ def defining_config(config: dict) -> dict:
     """A resolved job's fields that define its run (nmt.run_names.defines_run)."""
     return {section: {name: value for name, value in config.get(section, {}).items() if defines_run(section, name)}
             for section in ("model", "optim", "train", "data")}
-
-
-def plain_job(job: TrainJob) -> dict:
-    """The job as plain values, as checkpoints and results record it."""
-    return OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
 
 
 def run_cell(job: TrainJob, train: Callable[[TrainJob], Path]) -> None:

@@ -8,13 +8,13 @@ hypotheses against its reference (check_scores): a table never prints a number i
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gzip
 import json
 from pathlib import Path
 
 from nmt.data.readers import DataError
+from nmt.recorded_config import with_schema_defaults
 from nmt.run_names import SECTIONS, cell_name_for, cell_name_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,22 +25,10 @@ SCORES = ("bleu", "chrf", "tokenized")
 WITHOUT_SEED = ("train.seed",)
 
 
-def with_schema_defaults(config: dict) -> dict:
-    """A recorded config with the fields added to the schema since it ran at their defaults."""
-    from nmt.config import DataConfig, ModelConfig, OptimConfig, TrainConfig
-
-    schemas = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-    filled = {}
-    for section in SECTIONS:
-        defaults = {f.name: getattr(f.default, "value", f.default) for f in dataclasses.fields(schemas[section])
-                    if f.default is not dataclasses.MISSING}
-        filled[section] = {**defaults, **config.get(section, {})}
-    return filled
-
-
 def row_of(result: dict) -> str:
     """The row a cell's result belongs to: its cell's name less the seed."""
-    return cell_name_of(with_schema_defaults(result["config"]), result["choices"], WITHOUT_SEED)
+    config = {section: with_schema_defaults(section, result["config"].get(section, {})) for section in SECTIONS}
+    return cell_name_of(config, result["choices"], WITHOUT_SEED)
 
 
 def read_cells(folder: Path) -> tuple[dict[str, list[dict]], list[Path]]:

@@ -8,12 +8,12 @@ from typing import Optional
 from omegaconf import MISSING, OmegaConf
 
 from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
-from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule
+from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, bucket_rule
 from nmt.run_names import cell_name, data_label, init_from_suffix, model_overrides_suffix
 
 
 def valid_device(name: str) -> bool:
-    """auto | cpu | cuda | cuda:N (resolved by nmt.runtime.resolve_device)."""
+    """auto | cpu | cuda | cuda:N (resolved by nmt.runtime.process.resolve_device)."""
     return name in ("auto", "cpu", "cuda") or (name.startswith("cuda:") and name[5:].isdigit())
 
 
@@ -48,8 +48,7 @@ class ModelConfig:
         require(self.ffn_dim >= 1, "model.ffn_dim", self.ffn_dim, ">= 1")
         require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "in [0, 1)")
         require(self.clip >= 0, "model.clip", self.clip, ">= 0")
-        if self.edge_buckets:  # a form of position=relative; the rule on its sizes is the edge index's
-            from nmt.modeling.edges import bucket_rule  # here, not at the top: nmt.modeling imports this module
+        if self.edge_buckets:  # a form of position=relative; the rule on its sizes: nmt.modes
             require(self.position == Position.relative and bucket_rule(self.clip, self.edge_buckets) is None,
                     "model.edge_buckets", self.edge_buckets, f"0, or with position=relative (here {self.position.value})"
                     f" an even number >= 4 below 2 x model.clip={self.clip} (k, where the logarithmic buckets end)")
@@ -141,7 +140,7 @@ class TrainConfig:
     max_steps: int = 100_000  # optimizer updates
     max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
-    # The trainer derives the accumulation from it (nmt/training/batch.py), so every launch form trains the same batch.
+    # The trainer derives the accumulation from it (nmt/batch.py), so every launch form trains the same batch.
     tokens_per_update: int = 0  # the recipe's batch: padded tokens per update, all devices (0: W x max_tokens x F)
     update_freq: Optional[int] = None  # micro-batches per update per device; null = derived (1 with no stated batch)
     save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import threading
@@ -28,8 +27,9 @@ from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.checkpoints.folder_lock import lock_folder
 from nmt.cli import ends_in_one_line, program_name
 from nmt.config import TrainJob, register_schemas
+from nmt.outputs import write_json
 from nmt.record import finish_run
-from nmt.runtime import retain_freed_memory
+from nmt.runtime.memory import retain_freed_memory
 from nmt.score import tokenized_bleu_of, tokenized_label
 from nmt.run_names import cell_name_for, composed
 from nmt.train import run
@@ -59,13 +59,6 @@ def preset_job(*overrides: str) -> TrainJob:
 
 
 RECORD = "experiment.json"  # in an experiment's folder: which run it holds (its identity), and whether it finished
-
-
-def write_json(path: Path, record: dict) -> None:
-    """Whole or not at all (a kill mid-write leaves the previous record)."""
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(staged, path)
 
 
 def differing_parts(a: str, b: str) -> list[str]:

@@ -1,6 +1,7 @@
 """The switches of the schema (nmt/config.py): how positions enter the model, where LayerNorm sits, the precision,
 the attention implementation, the learning-rate schedule. Each choice is a str enum, so an override writes its
-value and a checkpoint stores it as text."""
+value and a checkpoint stores it as text. Here too the rule on model.edge_buckets, which the schema and the edge
+index both keep."""
 
 from __future__ import annotations
 
@@ -63,3 +64,13 @@ class BestMetric(str, Enum):
 
     nll = "nll"  # the validation set's per-token negative log-likelihood: lower is better
     bleu = "bleu"  # greedy BLEU on the first train.valid_bleu_sentences validation sentences: higher is better
+
+
+def bucket_rule(clip: int, buckets: int) -> str | None:
+    """model.edge_buckets's rule (the schema checks it, nmt/modeling/edges.py's EdgeIndex keeps it): what is wrong
+    with `buckets` log-spaced edge buckets up to k = clip, None when nothing: 0 (Shaw's clip), or an even N >= 4
+    below 2k (at N/2 >= k T5's logarithm of k / (N/2) would be <= 0: garbage indices)."""
+    if buckets == 0 or (buckets >= 4 and buckets % 2 == 0 and clip > buckets // 2):
+        return None
+    return (f"edge_buckets={buckets} must be even, >= 4 and below 2 x clip={clip} (k, where the logarithmic buckets "
+            "end)")

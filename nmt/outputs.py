@@ -1,5 +1,5 @@
-"""Outputs never destroy inputs: the checks every tool makes on a path before it opens anything for writing, and
-the one name (and clean-up) of a file or folder written whole under a temporary name.
+"""Outputs never destroy inputs: the checks every tool makes on a path before it opens anything for writing, the
+one name (and clean-up) of a file or folder written whole under a temporary name, and the one writer of a JSON file.
 
 One home for each rule, so that nmt.translate, nmt.average, nmt.score, nmt.export, the trainer's saves and prepare
 refuse the same things with the same words."""
@@ -7,6 +7,7 @@ refuse the same things with the same words."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import socket
@@ -48,6 +49,18 @@ def temporary_name(path: Path) -> Path:
     system), and named after this machine and process, so that a later run can tell a dead writer's leftovers
     (remove_stale_temporaries), even on a file system that several nodes share."""
     return path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+
+
+def write_json(path: Path | str, value, indent: int = 2) -> None:
+    """`value` as JSON in `path` (what JSON has no type for, such as a path, as its str), whole or not at all: written
+    under its temporary name, then renamed into place, so that a reader or a kill never meets half a file."""
+    path = Path(path)
+    staged = temporary_name(path)
+    try:
+        staged.write_text(json.dumps(value, indent=indent, default=str) + "\n")
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def remove_stale_temporaries(path: Path) -> list[Path]:

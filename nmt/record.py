@@ -6,8 +6,6 @@ and the demo; nmt/collect.py reads it back."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 
@@ -19,7 +17,8 @@ from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
 from nmt.decoding.decode import load_translator, translate_lines
 from nmt.machine import host, machine
-from nmt.runtime import resolve_device
+from nmt.outputs import write_json
+from nmt.runtime.process import resolve_device
 from nmt.score import score
 
 RESULT = "result.json"
@@ -78,7 +77,5 @@ def finish_run(job: TrainJob, out: Path, resolved: dict, overrides: list[str], c
                    "model": {name: resolved["model"][name] for name in ("position", "clip", "rel_key", "rel_value",
                                                                         "share_heads", "edge_buckets")},
                    "choices": {name: choices.get(name) for name in CHOICES}, "config": resolved})
-    staged = out / f".{RESULT}.tmp"
-    staged.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(staged, out / RESULT)
+    write_json(out / RESULT, result)
     return result

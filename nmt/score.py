@@ -10,7 +10,6 @@ gets plain tokenized BLEU, recorded as `tokenized_bleu` (docs: DESIGN.md section
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from nmt.cli import hydra_job
 from nmt.config import ScoreJob, register_schemas
 from nmt.data.readers import DataError, read_lines
-from nmt.outputs import output_file
+from nmt.outputs import output_file, write_json
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -106,7 +105,7 @@ def main(cfg) -> None:
     print(f"chrF       {result['chrf']:.2f}  {result['chrf_signature']}")
     print(f"{tokenized_label(lang)}, for the 2018 paper: {tokenized_bleu_of(result):.2f}")
     if job.output:
-        Path(job.output).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(Path(job.output), result)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from nmt.batch import micro_batches
 from nmt.cell import is_sweep_cell, run_cell
 from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.checkpoints.folder_lock import RUN_BOOKKEEPING, hold_folder
@@ -20,8 +21,8 @@ from nmt.config import ConfigError, TrainJob, register_schemas
 from nmt.data.pipeline import prepare
 from nmt.errors import Stopped, UserError
 from nmt.outputs import remove_unused_folder
-from nmt.runtime import Env, rank0_first, setup_env, setup_logging
-from nmt.training.batch import micro_batches
+from nmt.runtime.distributed import rank0_first
+from nmt.runtime.process import Env, setup_env, setup_logging
 from nmt.training.dry_run import dry_run_report, seconds_per_update
 from nmt.training.trainer import Trainer
 

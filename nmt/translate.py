@@ -36,7 +36,9 @@ from nmt.errors import UserError
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.outputs import output_file
 from nmt.progress import ProgressBar
-from nmt.runtime import autocast, autocast_dtype, resolve_device, retain_freed_memory
+from nmt.runtime.memory import retain_freed_memory
+from nmt.runtime.precision import autocast, autocast_dtype
+from nmt.runtime.process import resolve_device
 
 log = logging.getLogger("nmt.translate")
 

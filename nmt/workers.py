@@ -41,7 +41,7 @@ def die_with_parent() -> None:
 
 def _start_worker(parent: int, initializer: Callable[..., None], initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a stop flag inherited from the parent (nmt.runtime)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a stop flag inherited from the parent (nmt.runtime.signals)
     die_with_parent()
     if os.getppid() != parent:  # the parent ended before the line above could ask to be told
         os._exit(1)

@@ -16,14 +16,15 @@ OUTPUT is replaced; an unfinished one is refused (nmt.experiment.claim_folder).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line
 from nmt.experiment import train_and_score
-from nmt.runtime import experiment_cpu_precision, retain_freed_memory
+from nmt.outputs import write_json
+from nmt.runtime.memory import retain_freed_memory
+from nmt.runtime.precision import experiment_cpu_precision
 from nmt.score import tokenized_bleu_of, tokenized_label
 
 
@@ -45,7 +46,7 @@ def main() -> None:
     command = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
         result = train_and_score(overrides, args.output, args.split, args.lines, command)
-    (args.output / "score.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output / "score.json", result)
     print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
           f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
           f"{tokenized_bleu_of(result):.2f}\n"

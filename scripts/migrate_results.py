@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from nmt.config import register_schemas
-from nmt.collect import with_schema_defaults
-from nmt.experiment import write_json
-from nmt.run_names import cell_name_for, cell_name_of
+from nmt.outputs import write_json
+from nmt.recorded_config import with_schema_defaults
+from nmt.run_names import SECTIONS, cell_name_for, cell_name_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = ("table1", "table2", "table3", "beyond", "descendants", "length", "lr_check")  # a cell's study: the first
@@ -40,7 +40,7 @@ def new_overrides(table: str, row: str, seed: int) -> list[str]:
 
 def cell_of(record: dict) -> str:
     """The cell the record's resolved config names (its score split is the cell's; its lines were all)."""
-    config = with_schema_defaults(record["config"])
+    config = {section: with_schema_defaults(section, record["config"].get(section, {})) for section in SECTIONS}
     config["train"].update(score_split=record["split"], score_lines=0)
     overrides = dict(o.lstrip("+").split("=", 1) for o in record["command"].split()[4:] if "=" in o)
     choices = {"model": overrides["model"], "data": overrides["data"], "experiment": overrides["experiment"]}

@@ -88,13 +88,13 @@ def process_state_kept():
     """Whatever runs inside (a job run in-process: nmt.train.run sets threads, the allocator, a forced logging
     configuration with a file handler, warnings capture, the global seeds; torch.compile leaves dynamo's caches;
     a kernel case's failure is remembered module-wide) leaves the process as it was found."""
-    from nmt import runtime
+    from nmt.runtime import memory
 
     threads, root = torch.get_num_threads(), logging.getLogger()
     handlers, level = list(root.handlers), root.level
     capturing = logging._warnings_showwarning is not None  # logging.captureWarnings(True) is on
     seeds = torch.get_rng_state(), random.getstate(), np.random.get_state()
-    deterministic, heap = torch.are_deterministic_algorithms_enabled(), runtime.heap_retained
+    deterministic, heap = torch.are_deterministic_algorithms_enabled(), memory.heap_retained
     environ = dict(os.environ)
     cases = sys.modules.get("nmt.kernels.cases")
     failed = set(cases.BACKWARD_FAILED) if cases else None
@@ -111,8 +111,8 @@ def process_state_kept():
         random.setstate(seeds[1])
         np.random.set_state(seeds[2])
         torch.use_deterministic_algorithms(deterministic)
-        if runtime.heap_retained != heap:
-            runtime.retain_freed_memory(heap)
+        if memory.heap_retained != heap:
+            memory.retain_freed_memory(heap)
         os.environ.clear()
         os.environ.update(environ)
         if cases is not None:

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nmt.kernels.dropout import keep_mask
 from nmt.modeling.attention import MultiHeadAttention, relation_aware_attention, relative_buckets
-from nmt.modeling.dropout import keep_mask
 from nmt.modeling.edges import EdgeIndex
 
 

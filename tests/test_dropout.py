@@ -1,9 +1,9 @@
-"""nmt/modeling/dropout.py: the CPU mask's statistics, and dropout as x * keep * scale forward and backward."""
+"""nmt/kernels/dropout.py: the CPU mask's statistics, and dropout as x * keep * scale forward and backward."""
 
 import pytest
 import torch
 
-from nmt.modeling.dropout import LANES, Dropout, dropout, keep_mask
+from nmt.kernels.dropout import LANES, Dropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])

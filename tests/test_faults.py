@@ -26,7 +26,7 @@ from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 from tests.test_train import job
 
 # a plain torchrun launch, as users write their own: no environment variable to remember (restarted workers once
-# hung in gloo's connectFullMesh without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; nmt.runtime.launcher_store)
+# hung in gloo's connectFullMesh without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; nmt.runtime.process.launcher_store)
 ENV = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
 ENV.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 STEPS = 40
@@ -211,7 +211,7 @@ def damaged(prepared, tmp_path):
 def test_damaged_prepared_data_is_found_at_open(prepared, damaged, damage, tmp_path):
     from dataclasses import replace
 
-    from nmt.runtime import setup_env
+    from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer
 
     target = {"truncated": "train.src.bin", "foreign ids": "train.tgt.bin", "missing index": "valid.src.idx",

@@ -15,7 +15,7 @@ import pytest
 from nmt.checkpoints import folder_lock
 from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.run_names import data_label, model_overrides_suffix
-from nmt.runtime import stop_signals
+from nmt.runtime.signals import stop_signals
 from tests.conftest import ROOT, one_error_line, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -124,7 +124,7 @@ def test_an_empty_training_split_is_refused_and_never_waited_for(prepared, tmp_p
 
 def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
     from nmt.config import TrainConfig
-    from nmt.runtime import Env
+    from nmt.runtime.process import Env
     from nmt.training.validate import Validator
 
     cfg = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))

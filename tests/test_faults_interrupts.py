@@ -14,7 +14,7 @@ import pytest
 from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.decoding import decode
 from nmt.errors import EXIT_STOPPED
-from nmt.runtime import AGAIN_AFTER_S, stop_signals
+from nmt.runtime.signals import AGAIN_AFTER_S, stop_signals
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -17,6 +17,7 @@ from nmt.config import OptimConfig, TrainConfig, TrainJob
 from nmt.decoding.decode import load_translator
 from nmt.errors import UserError
 from nmt.export import export
+from nmt.outputs import write_json
 from nmt.train import run
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides, one_error_line
 
@@ -144,3 +145,14 @@ def test_a_job_given_its_output_folder_leaves_nothing_elsewhere(prepared, tmp_pa
                           cwd=work, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(work.iterdir()) == [] and (tmp_path / "run" / "checkpoint_last.pt").is_file()
+
+
+def test_a_json_file_is_written_whole_or_not_at_all(tmp_path):
+    path = tmp_path / "result.json"
+    write_json(path, {"bleu": 1.5, "folder": tmp_path})  # a path is written as its text
+    assert path.read_text() == f'{{\n  "bleu": 1.5,\n  "folder": "{tmp_path}"\n}}\n'
+    circular = {}
+    circular["self"] = circular
+    with pytest.raises(ValueError):
+        write_json(path, circular)  # fails mid-way: the earlier file stays whole, no temporary is left
+    assert path.read_text().startswith('{\n  "bleu": 1.5') and [p.name for p in tmp_path.iterdir()] == ["result.json"]

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from nmt.batch import micro_batches
 from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.config import ConfigError, TrainConfig
 from nmt.data.shards import EncodedSplit
-from nmt.training.batch import micro_batches
 from tests.conftest import ROOT, data_overrides, model_overrides, multi30k_lines
 
 

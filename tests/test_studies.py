@@ -73,7 +73,7 @@ def test_a_study_trains_scores_collects_and_runs_again_for_nothing(prepared, tmp
     longer = ["+ablation=relative", "train.seed=1", "train.max_steps=10"]
     killed = subprocess.Popen(study(prepared, tmp_path / "killed", *longer), cwd=ROOT, env=ENV,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    wait_for(lambda: any((tmp_path / "killed").glob(f"*/checkpoint_0000004.pt")), seconds=300)
+    wait_for(lambda: any((tmp_path / "killed").glob("*/checkpoint_0000004.pt")), seconds=300)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     assert not any((tmp_path / "killed").glob("*/result.json"))

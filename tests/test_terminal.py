@@ -141,7 +141,7 @@ def test_log_lines_and_the_bar_hold_the_interval_since_the_last_line(tmp_path, c
 @pytest.mark.parametrize("stop", [KeyboardInterrupt])
 def test_a_run_ended_at_once_closes_its_bar_first(prepared, tmp_path, stop, monkeypatch):
     """Ctrl-C twice raises out of the loop: the bar is closed there, so none is drawn below the message."""
-    from nmt.runtime import setup_env
+    from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer
     from tests.test_train import job
 

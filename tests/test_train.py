@@ -376,7 +376,7 @@ def test_each_descendant_trains_validates_resumes_averages_and_translates(prepar
 def test_deterministic_runs_with_torch_deterministic_algorithms_and_the_cublas_workspace(prepared, tmp_path):
     """train.deterministic=true turns on what CUDA needs for the same bits (here on a CPU: the switch, the log line
     and a run that completes under it; on a GPU an op without a deterministic kernel would be an error naming it)."""
-    probe = ("import os, sys, torch; from nmt.runtime import setup_env; setup_env('cpu', 1, deterministic=True); "
+    probe = ("import os, sys, torch; from nmt.runtime.process import setup_env; setup_env('cpu', 1, deterministic=True); "
              "print(torch.are_deterministic_algorithms_enabled(), os.environ['CUBLAS_WORKSPACE_CONFIG'])")
     switched = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert switched.stdout.split() == ["True", ":4096:8"], switched.stderr[-2000:]

@@ -195,7 +195,7 @@ def test_decoding_runs_bf16_on_gpus_that_have_it_and_fp32_elsewhere(monkeypatch)
     from functools import partial
 
     from nmt.modes import Precision
-    from nmt.runtime import autocast_dtype
+    from nmt.runtime.precision import autocast_dtype
 
     decoding_dtype = partial(autocast_dtype, training=False)
 

@@ -24,7 +24,9 @@ import torch
 
 from nmt.errors import UserError
 from nmt.outputs import remove_stale_temporaries, temporary_name
-from nmt.runtime import Env, all_gather, broadcast_flag, rng_state
+from nmt.runtime.distributed import all_gather, broadcast_flag
+from nmt.runtime.process import Env
+from nmt.runtime.rng import rng_state
 
 log = logging.getLogger(__name__)
 

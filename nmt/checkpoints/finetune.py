@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 
 from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint, non_finite
-from nmt.checkpoints.resume import plain, shown
+from nmt.checkpoints.resume import shown
 from nmt.config import model_config_from_dict
 from nmt.data.pipeline import Prepared
+from nmt.recorded_config import plain
 
 log = logging.getLogger("nmt.train")
 

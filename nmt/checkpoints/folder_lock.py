@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import IO
 
 from nmt.checkpoints.checkpoint import CheckpointError
-from nmt.runtime import Env, broadcast_flag
+from nmt.runtime.distributed import broadcast_flag
+from nmt.runtime.process import Env
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,8 @@ class FolderLock:
 
 
 def announce_stopping() -> None:
-    """Say in this process's folder lock (if it holds one) that a signal is stopping it (nmt.runtime.stop_signals'
-    on_stop): a job that wants the folder waits for the checkpoint instead of failing."""
+    """Say in this process's folder lock (if it holds one) that a signal is stopping it
+    (nmt.runtime.signals.stop_signals' on_stop): a job that wants the folder waits for the checkpoint instead of failing."""
     if _held is not None:
         _held.announce_stopping()
 

@@ -4,17 +4,17 @@ data; refused in one line naming what differs."""
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
-from types import SimpleNamespace
 
+from nmt.batch import effective_tokens, micro_batches
 from nmt.checkpoints.checkpoint import CheckpointError
-from nmt.config import ModelConfig, OptimConfig, TrainConfig
+from nmt.config import TrainConfig
 from nmt.data.pipeline import Prepared
 from nmt.data.readers import DataError
+from nmt.recorded_config import with_schema_defaults
 from nmt.run_names import defines_run
-from nmt.runtime import Env, all_gather
-from nmt.training.batch import effective_tokens, micro_batches
+from nmt.runtime.distributed import all_gather
+from nmt.runtime.process import Env
 
 
 def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path) -> None:
@@ -30,12 +30,10 @@ def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path
 def check_same_config(state: dict, job: dict, vocab_size: int, batch: int, out: Path) -> None:
     """check_same_run's comparison of the job (plain values) and the effective batch with the folder's run."""
     saved = state.get("config", {})
-    # a field added to the schema after the folder's run was saved held its default there
-    schemas = {"model": ModelConfig(), "optim": OptimConfig(), "train": TrainConfig()}
     fields = []
-    for section, schema in schemas.items():
-        defaults = {name: plain(value) for name, value in vars(schema).items()}
-        ours, theirs = {**defaults, **job.get(section, {})}, {**defaults, **saved.get(section, {})}
+    for section in ("model", "optim", "train"):
+        ours = with_schema_defaults(section, job.get(section, {}))
+        theirs = with_schema_defaults(section, saved.get(section, {}))
         fields += [f"{section}.{name}={shown(ours.get(name))} (the folder's run: {shown(theirs.get(name))})"
                    for name in sorted(set(ours) | set(theirs))
                    if ours.get(name) != theirs.get(name) and defines_run(section, name)]
@@ -55,15 +53,10 @@ def saved_batch(state: dict) -> int | None:
     train = state.get("config", {}).get("train", {})
     if "max_tokens" not in train or "world_size" not in state:
         return None
-    world_size = state["world_size"]
-    launch = SimpleNamespace(tokens_per_update=train.get("tokens_per_update", 0), max_tokens=train["max_tokens"],
-                             update_freq=train.get("update_freq"))
+    world_size, train = state["world_size"], with_schema_defaults("train", train)
+    launch = TrainConfig(tokens_per_update=train["tokens_per_update"], max_tokens=train["max_tokens"],
+                         update_freq=train["update_freq"])
     return effective_tokens(world_size, train["max_tokens"], micro_batches(launch, world_size))
-
-
-def plain(value):
-    """A schema default as a checkpoint's config holds it (enums as their value)."""
-    return value.value if isinstance(value, Enum) else value
 
 
 def shown(value):

@@ -12,7 +12,6 @@ Exit code 1 if any configuration fails, 2 if this triton has no nvidia backend.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -23,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+
+from nmt.outputs import write_json
 
 # Largest shared memory one block may use (opt-in), by compute capability: H100/H200 227 KB, A100 163 KB.
 SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
     print(table(usages))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps([asdict(u) for u in usages], indent=1) + "\n")
+        write_json(Path(args.output), [asdict(u) for u in usages], indent=1)
     failures = [(u, problem) for u in usages for problem in u.problems()]
     for u, problem in failures:
         print(f"FAIL sm_{u.arch} {u.config} {u.kernel}: {problem}", file=sys.stderr)

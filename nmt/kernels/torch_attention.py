@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt.kernels.dropout import dropout, keep_mask
+from nmt.kernels.masks import attention_mask
 from nmt.kernels.window import EdgeWindow
-from nmt.modeling.dropout import dropout, keep_mask
-from nmt.modeling.masks import attention_mask
 
 
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, rel_v: Tensor | None,

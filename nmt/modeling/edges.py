@@ -18,15 +18,7 @@ from torch import Tensor
 
 from nmt.kernels.window import EdgeWindow
 from nmt.modeling.positions import LogBuckets, distance_rows
-
-
-def bucket_rule(clip: int, buckets: int) -> str | None:
-    """What is wrong with `buckets` log-spaced edge buckets up to k = clip, None when nothing: 0 (Shaw's clip), or an
-    even N >= 4 below 2k (at N/2 >= k T5's logarithm of k / (N/2) would be <= 0: garbage indices)."""
-    if buckets == 0 or (buckets >= 4 and buckets % 2 == 0 and clip > buckets // 2):
-        return None
-    return (f"edge_buckets={buckets} must be even, >= 4 and below 2 x clip={clip} (k, where the logarithmic buckets "
-            "end)")
+from nmt.modes import bucket_rule
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.config import ModelConfig
-from nmt.modeling.masks import attention_mask
+from nmt.kernels.masks import attention_mask
 from nmt.modes import Position
 
 ROPE_BASE = 10_000.0

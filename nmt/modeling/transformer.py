@@ -12,11 +12,11 @@ from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
 from nmt.kernels.cases import Case
 from nmt.kernels.dispatch import AttentionBackend
+from nmt.kernels.dropout import Dropout
+from nmt.kernels.masks import attention_mask
 from nmt.kernels.tiles import MAX_BUCKETS, buckets_block
 from nmt.modeling.attention import KV, MultiHeadAttention
-from nmt.modeling.dropout import Dropout
 from nmt.modeling.edges import EdgeIndex
-from nmt.modeling.masks import attention_mask
 from nmt.modeling.positions import NO_POSITIONS, ALiBi, Rotary, StackPositions, T5Bias, input_positions
 from nmt.modes import Norm, Position
 

@@ -13,7 +13,8 @@ from typing import Callable
 from nmt.checkpoints.checkpoint import save_best
 from nmt.config import TrainConfig
 from nmt.modes import BestMetric
-from nmt.runtime import Env, broadcast_flag
+from nmt.runtime.distributed import broadcast_flag
+from nmt.runtime.process import Env
 
 log = logging.getLogger("nmt.train")
 

@@ -8,10 +8,10 @@ import time
 
 from omegaconf import OmegaConf
 
+from nmt.batch import effective_batch_line
 from nmt.data.batching import training_stream
 from nmt.modeling.transformer import count_parameters
-from nmt.runtime import Env
-from nmt.training.batch import effective_batch_line
+from nmt.runtime.process import Env
 from nmt.training.trainer import Trainer, check_attention
 
 TIMED_UPDATES = 3  # after one that warms up (allocations, torch.compile, the kernel's self-test)

@@ -24,7 +24,7 @@ import torch
 
 from nmt.data.vocab import PAD
 from nmt.modeling.transformer import tied_output
-from nmt.runtime import autocast
+from nmt.runtime.precision import autocast
 
 
 def token_losses(logits: torch.Tensor, target: torch.Tensor, epsilon: float):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from nmt.cell import plain_job
+from nmt.batch import effective_batch_line, effective_tokens, micro_batches
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
 from nmt.checkpoints.checkpoint import BEST, Checkpointer, global_data_position, numbered_checkpoints, rank_rng
 from nmt.checkpoints.finetune import initial_weights
@@ -26,16 +26,12 @@ from nmt.data.pipeline import open_prepared
 from nmt.errors import EXIT_STOPPED
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.modeling.transformer import Transformer, count_parameters, model_cases
-from nmt.runtime import (
-    Env,
-    autocast_dtype,
-    parallelize,
-    rng_state,
-    set_rng_state,
-    stop_signals,
-    sum_over_ranks,
-)
-from nmt.training.batch import effective_batch_line, effective_tokens, micro_batches
+from nmt.recorded_config import plain_job
+from nmt.runtime.distributed import parallelize, sum_over_ranks
+from nmt.runtime.precision import autocast_dtype
+from nmt.runtime.process import Env
+from nmt.runtime.rng import rng_state, set_rng_state
+from nmt.runtime.signals import stop_signals
 from nmt.training.best import BestCheckpoint
 from nmt.training.loss import batch_loss
 from nmt.training.metrics import Metrics, UpdateStats

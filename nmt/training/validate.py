@@ -18,7 +18,8 @@ from nmt.data.readers import read_lines
 from nmt.data.shards import EncodedSplit
 from nmt.data.vocab import Vocab
 from nmt.decoding.decode import translate_lines
-from nmt.runtime import Env, autocast
+from nmt.runtime.precision import autocast
+from nmt.runtime.process import Env
 from nmt.training.loss import batch_loss
 
 

@@ -183,7 +183,7 @@ def test_nodes_and_tasks_that_cannot_deal_the_recipes_batch_are_refused_before_s
 def test_a_slurm_tasks_threads_are_its_cpus_not_the_nodes(monkeypatch):
     import torch
 
-    from nmt.runtime import setup_env
+    from nmt.runtime.process import setup_env
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(name, raising=False)

@@ -1,6 +1,8 @@
-"""relnmt-table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE]: a -m sweep's cells as one table;
-relnmt-table results/README.md [--blocks NAME ...]: every table of that page, as results/tables.yaml beside it
-declares them, from the cells of results/cells (nmt/page.py).
+"""A -m sweep's cells as one table, or every table of a page of results from the cells beside it.
+
+    relnmt-table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE] [--where KEY=VALUE ...]
+    relnmt-table results/README.md [--blocks NAME ...]   # every table there, as results/tables.yaml declares them,
+                                                         # from the cells of results/cells (nmt/page.py)
 
 Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/record.py) is one seed of a row: the cells
 of one run but for the seed form a row (nmt/collect.py). A row prints its seeds, sacreBLEU (mean +- standard

@@ -147,7 +147,7 @@ class _Cells:
         job); every cell's batch within reach of nodes x tasks_per_node tasks, else one line and exit 2."""
         from nmt.cell import FAILED, cell_finished
         from nmt.config import ConfigError
-        from nmt.training.batch import micro_batches
+        from nmt.batch import micro_batches
 
         tasks = int(self.params.get("nodes", 1)) * int(self.params.get("tasks_per_node", 1))
         chosen, done = [], []

@@ -61,6 +61,21 @@ def test_the_check_finds_a_shortcut_where_there_is_one():
     assert shortcut_shares(repeat_symbols(tokens), targets)["position"] == 1.0
 
 
+def test_the_check_counts_content_shortcuts_too():
+    """Counting and content matching are shortcuts as well: the offset task's commonest symbol beats 1/16 (what a
+    model without positions scores), and the repeat task is solved whole by an induction head (the symbol after the
+    previous occurrence of the query's symbol), so it cannot bear on how exactly far offsets are resolved."""
+    shares = shortcuts("offset", 40, seed=1)
+    assert 1.5 / SYMBOLS < shares["mode"] == pytest.approx(0.14, abs=0.02) and shares["best"] >= shares["mode"]
+    tokens, targets = repeat_batch(128, torch.Generator().manual_seed(1), 40)
+    repeat = shortcut_shares(repeat_symbols(tokens), targets)
+    assert repeat["after_previous"] == repeat["best"] == 1.0 and repeat["offset"] < 0.1
+    symbols = torch.tensor([[3, 3, 1, 2, 3, 1, 0]])  # hand-checked: the commonest symbol is 3, overall and at j - 3
+    answers = torch.tensor([[-100, -100, -100, 3, 3, 3, 1]])
+    checked = shortcut_shares(symbols, answers, beyond=3)
+    assert checked["mode"] == 0.75 and checked["mode_beyond"] == 0.75 and checked["after_previous"] == 0.0
+
+
 def test_the_committed_repeat_runs_record_their_shortcut_shares_and_none_fails():
     records = [json.loads(p.read_text()) for p in sorted((ROOT / OUTPUTS["repeat"]).glob("*_seed*.json"))]
     assert {r["mode"] for r in records} >= {"none", "relative:2"}

@@ -23,7 +23,7 @@ import yaml
 
 from nmt.collect import declared_rows, read_cells, reference_lines
 from nmt.score import tokenized_bleu_of
-from nmt.stats import holm, mean_sd, p_cell, seed_p, verdict
+from nmt.stats import holm, holm_levels, mean_sd, p_cell, seed_p, verdict
 
 LENGTH_BUCKETS = [(1, 9), (10, 12), (13, 15), (16, 19), (20, 999)]
 TOKENIZED_COLUMN = "tokenized BLEU (de: compounds split; fr: not)"
@@ -79,10 +79,10 @@ def seed_bleu(seeds: dict[int, dict]) -> tuple[float, ...]:
     return tuple(seeds[s]["bleu"] for s in sorted(seeds))
 
 
-def holm_family(tables: dict[str, tuple[dict, dict]]) -> dict[tuple, float]:
+def holm_family(tables: dict[str, tuple[dict, dict]]) -> dict[tuple, tuple[float, float]]:
     """The family the page concludes from: every distinct seed-level comparison the page declares (one comparison
-    printed in two tables, the same cells, counts once), each Holm-adjusted over all of them; keyed by the two rows'
-    per-seed BLEU."""
+    printed in two tables, the same cells, counts once), each Holm-adjusted over all of them, with its own level in
+    Holm's step-down (nmt/stats.py holm_levels); keyed by the two rows' per-seed BLEU."""
     raw = {}
     for table, rows in tables.values():
         for name, references in comparisons(table, rows).items():
@@ -91,10 +91,11 @@ def holm_family(tables: dict[str, tuple[dict, dict]]) -> dict[tuple, float]:
                 p = seed_p(list(key[0]), list(key[1]))
                 if p is not None:
                     raw[key] = p
-    return dict(zip(raw, holm(list(raw.values()))))
+    return dict(zip(raw, zip(holm(list(raw.values())), holm_levels(list(raw.values())))))
 
 
-def bleu_table(table: dict, rows: dict[str, dict[int, dict]], samples: int, adjusted: dict[tuple, float]) -> str:
+def bleu_table(table: dict, rows: dict[str, dict[int, dict]], samples: int,
+               adjusted: dict[tuple, tuple[float, float]]) -> str:
     """The table's rows, each against its reference rows: Welch's p over seeds, the Holm-adjusted p over the page's
     family (holm_family), the verdict from the adjusted p, and the paired bootstrap."""
     counted = table.get("parameters", False)  # rows that differ in their position parameters: each count shown
@@ -110,7 +111,9 @@ def bleu_table(table: dict, rows: dict[str, dict[int, dict]], samples: int, adju
         results = [seeds[s] for s in sorted(seeds)]
         tested = [(name, r) for r in against[name]]
         raw = {t: seed_p(bleu[t[0]], bleu[t[1]]) for t in tested}
-        adjusted_p = {t: adjusted.get((tuple(bleu[t[0]]), tuple(bleu[t[1]]))) for t in tested}
+        adjusted_p, level = {}, {}
+        for t in tested:
+            adjusted_p[t], level[t] = adjusted.get((tuple(bleu[t[0]]), tuple(bleu[t[1]])), (None, None))
         p = " / ".join(f"{paired_bootstrap(*seed_paired(seeds, rows[r], refs), samples):.4f}" for r in against[name])
         paper = table.get("paper", {}).get(name)
         lines.append(f"| {name} | {len(results)} | {mean_sd(bleu[name])} | "
@@ -119,9 +122,11 @@ def bleu_table(table: dict, rows: dict[str, dict[int, dict]], samples: int, adju
                      f"{paper if paper is not None else ''} | {' / '.join(against[name])} | "
                      f"{' / '.join(p_cell(raw[t]) for t in tested)} | "
                      f"{' / '.join(p_cell(adjusted_p[t]) for t in tested)} | "
-                     f"{' / '.join(verdict(bleu[name], bleu[t[1]], adjusted_p[t]) for t in tested)} | {p} |"
+                     f"{' / '.join(verdict(bleu[name], bleu[t[1]], adjusted_p[t], level[t]) for t in tested)} | {p} |"
                      + (f" {parameters(results[0]):,} |" if counted else ""))
-    return "\n".join(lines)
+    seen = [f"{name}: {why}" for name, why in table.get("seen_on_test_first", {}).items() if name in rows]
+    return "\n".join([*lines, *(["", "Chosen after their test results were seen (not a validation choice): "
+                                 + "; ".join(seen) + "."] if seen else [])])
 
 
 def bucket_label(lo: int, hi: int) -> str:

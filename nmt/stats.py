@@ -12,7 +12,7 @@ there); with 3 seeds a row, p = 0.05 needs a gap of about 3 pooled standard devi
 A table makes many comparisons; a verdict reads the Holm-adjusted p (`holm`: the family-wise error rate of the whole
 family at most ALPHA), never the raw one. A comparison whose adjusted p is not below ALPHA is a null result, stated
 as the smallest difference the seeds could have detected (`detectable_difference`: 80% power for a two-sided t-test
-at ALPHA, from the two rows' pooled per-seed SD), not as "level with".
+at the comparison's own corrected level, `holm_levels`, from the two rows' pooled per-seed SD), not as "level with".
 """
 
 from __future__ import annotations
@@ -69,6 +69,16 @@ def welch_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
     return t, df, t_two_sided_p(t, df)
 
 
+def holm_levels(ps: list[float], alpha: float = 0.05) -> list[float]:
+    """Each comparison's own level in Holm's step-down, in the order given: alpha / (m - rank + 1), rank 1 the
+    smallest p. A null result's detectable difference is computed at this level, the one its p was held to."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    levels = [0.0] * len(ps)
+    for rank, i in enumerate(order):
+        levels[i] = alpha / (len(ps) - rank)
+    return levels
+
+
 def holm(ps: list[float]) -> list[float]:
     """Holm's step-down adjusted p-values, in the order given: the i-th smallest p times (m - i + 1), made
     non-decreasing in that order and capped at 1. A comparison is significant at family-wise level a when its
@@ -122,11 +132,12 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}" if len(values) > 1 else f"{values[0]:.2f}"
 
 
-def verdict(a: list[float], b: list[float], adjusted: float | None) -> str:
+def verdict(a: list[float], b: list[float], adjusted: float | None, level: float = ALPHA) -> str:
     """The verdict word of row a against row b from the Holm-adjusted p: "higher" or "lower" when adjusted < ALPHA,
-    else the null result with the smallest difference the seeds could have detected."""
+    else the null result with the smallest difference the seeds could have detected at `level`, the comparison's
+    own level in the family (holm_levels): a null is sized at the level its p was held to, not at ALPHA."""
     if adjusted is None:
         return "no test"
     if adjusted < ALPHA:
         return "higher" if statistics.mean(a) > statistics.mean(b) else "lower"
-    return f"no difference found (detectable: {detectable_difference(a, b):.2f})"
+    return f"no difference found (detectable: {detectable_difference(a, b, alpha=level):.2f})"

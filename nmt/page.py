@@ -161,16 +161,23 @@ def final_valid_nll(cell: Path) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def seeds_note(n: int) -> str:
+    return f"; mean of {n} seeds" if n > 1 else ""
+
+
 def rate_table(rows: dict[str, dict[int, dict]], control: dict[str, dict[int, dict]]) -> str:
     """The learning-rate check: each mode's validation BLEU and NLL at the shared rate, half and twice it (rows
     <pair>.<mode>.lr<scale>, other rows of the mode shown beside), one seed, and the best rate by validation BLEU;
     beside them the same-code control: the final validation NLL of the `control` table's seed-1 cell of the mode
     (trained earlier, at the shared rate), with the spread of its seeds as the yardstick for "beyond seed noise"."""
     runs: dict[str, dict[str, tuple[float, float | None]]] = {}
-    for name, seeds in rows.items():
+    counts: dict[str, dict[str, int]] = {}
+    for name, seeds in rows.items():  # a rate's seeds averaged (the bias multiples have two)
         pair, mode, rate = name.split(".", 2)
-        result = seeds[min(seeds)]
-        runs.setdefault(mode, {})[rate] = (result["bleu"], final_valid_nll(result["folder"]))
+        nlls = [final_valid_nll(seeds[s]["folder"]) for s in sorted(seeds)]
+        runs.setdefault(mode, {})[rate] = (statistics.mean(seeds[s]["bleu"] for s in seeds),
+                                           None if None in nlls else statistics.mean(nlls))
+        counts.setdefault(mode, {})[rate] = len(seeds)
     lines = [("| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) "
               "| NLL of the table's seed-1 run (its code) | sd of the NLL over the table's seeds |"),
              "|---|---|---|---|---|---|---|"]
@@ -182,7 +189,7 @@ def rate_table(rows: dict[str, dict[int, dict]], control: dict[str, dict[int, di
         nlls = [nll for nll in (final_valid_nll(seeds[s]["folder"]) for s in sorted(seeds)) if nll is not None]
         lines.append(f"| {mode} | {' / '.join(f'{s[0]:.2f}' if s else '–' for s in shown)} | "
                      f"{' / '.join(f'{s[1]:.3f}' if s and s[1] is not None else '–' for s in shown)} | "
-                     f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f})' for rate, s in extra.items())} | "
+                     f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f}{seeds_note(counts[mode][rate])})' for rate, s in extra.items())} | "
                      f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"
                      f"{'' if len(rates) == len(RATES) + len(extra) else ' (not all rates run yet)'} | "
                      f"{f'{nlls[0]:.3f}' if nlls else '–'} | "

@@ -2,6 +2,7 @@
 a table's family, the detectable difference of a null result; and the verdicts of results/README.md against them."""
 
 import math
+import re
 import statistics
 
 import pytest
@@ -102,7 +103,7 @@ def cells(line: str) -> list[str]:
 
 
 def generated_tables(text: str) -> list[list[dict]]:
-    """Each table that experiments/results_table.py wrote (the header with the Holm and verdict columns): its rows
+    """Each table that relnmt-table wrote (nmt/page.py: the header with the Holm and verdict columns): its rows
     as {column: cell}."""
     tables, lines = [], text.splitlines()
     for i, line in enumerate(lines):
@@ -150,3 +151,31 @@ def test_every_verdict_in_the_results_follows_its_holm_adjusted_p():
     assert all(t[1] == "n < 3 seeds" and t[2] == "no test" for key, t in tests.items() if key not in family)
     for page in (ROOT / "results" / "README.md", ROOT / "README.md"):
         assert "level with" not in page.read_text(encoding="utf-8"), page
+
+
+def agrees_with(printed: str, cell: str) -> bool:
+    """A p the prose prints (0.17, 0.053, < 0.001) is the table's cell (0.173, 0.053, < 0.001) to its own digits."""
+    if "<" in printed or "<" in cell:
+        return printed.replace(" ", "") == cell.replace(" ", "")
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    return abs(float(printed) - float(cell)) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+def test_every_corrected_p_the_text_quotes_is_a_computed_comparison_and_says_its_verdict():
+    """A sentence of results/README.md that quotes a comparison ("p = 0.002, adjusted 0.053: no difference found")
+    quotes one the page's tables computed (its raw and Holm-adjusted p, to the digits printed), and the verdict word
+    it gives, where it gives one, is that comparison's: a verdict is computed, never written beside a stale p."""
+    text = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    computed = [(row["p (seeds, Welch)"].split(" / ")[i], row["p (Holm, all tables)"].split(" / ")[i],
+                 row["verdict (Holm, family-wise 0.05)"].split(" / ")[i])
+                for rows in generated_tables(text) for row in rows if row["vs"]
+                for i in range(len(row["vs"].split(" / ")))]
+    prose = re.sub(r"<!-- results:(\S+) -->.*?<!-- /results:\1 -->", "", text, flags=re.DOTALL)
+    quoted = re.findall(r"p\s+=\s+(< 0\.001|[\d.]+\d),\s+adjusted\s+(< 0\.001|[\d.]+\d)(?::\s+(higher|lower|no "
+                        r"difference found))?", prose)
+    assert len(quoted) >= 10, quoted
+    for raw, adjusted, word in quoted:
+        matches = [c for c in computed if agrees_with(raw, c[0]) and agrees_with(adjusted, c[1])]
+        assert matches, f"p = {raw}, adjusted {adjusted}: no comparison of the page's tables"
+        if word:
+            assert any(c[2].startswith(word) for c in matches), (raw, adjusted, word, matches)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import multiprocessing
 import os
 import sys
 from pathlib import Path
@@ -57,6 +58,10 @@ def ends_in_one_line(tool: str, interrupted: str = "interrupted"):
         sys.exit(EXIT_INTERRUPTED)
 
 
+class CellExited(Exception):
+    """A sweep's cell that ended with an exit code inside a pool's worker process."""
+
+
 OUTPUT_FOLDERS = ("train.output_dir",)  # the fields that name a job's own output folder
 
 
@@ -80,8 +85,15 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
         tool = module_name.rpartition(".")[2]  # nmt.train -> train: the logger its errors go through
         @functools.wraps(task)
         def task_in_one_line(cfg):  # inside Hydra's main: Hydra reports an exception that reaches it with exit 1
-            with ends_in_one_line(tool, interrupted):
-                return task(cfg)
+            try:
+                with ends_in_one_line(tool, interrupted):
+                    return task(cfg)
+            except SystemExit as ended:
+                if ended.code and multiprocessing.parent_process() is not None:
+                    # a sweep's cell in a pool's worker (Hydra's joblib launcher): exiting would end the worker and
+                    # the pool with it; an exception fails this cell alone, and the launcher names it
+                    raise CellExited(f"exit {ended.code} (its line above says why)") from None
+                raise
 
         # the folder by its absolute path: a relative one is resolved as a package, found only from the repository root
         hydra_main = hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=config_name)(task_in_one_line)

@@ -86,3 +86,17 @@ def test_a_study_trains_scores_collects_and_runs_again_for_nothing(prepared, tmp
     weights = [torch.load(p.parent / LAST, map_location="cpu", weights_only=False)["model"] for p in (resumed, reference)]
     assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[1])
     assert (resumed.parent / "test.hyp.de").read_text() == (reference.parent / "test.hyp.de").read_text()
+
+
+@pytest.mark.slow
+def test_a_cell_that_fails_costs_only_itself_and_is_named(prepared, tmp_path):
+    """Under the joblib launcher a cell's refusal (exit 2 in its worker) must not end the pool: the other cell is
+    trained and scored, and the sweep ends (exit 1) with one line naming the failed cell's folder."""
+    done = subprocess.run(study(prepared, tmp_path / "cells", "+ablation=relative", "train.seed=1", "train.max_steps=2",
+                                f"train.init_from=null,{tmp_path / 'missing.pt'}"),
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-3000:]
+    (scored,) = (tmp_path / "cells").glob("*/result.json")
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("1 of 2 cells failed: ") and str(scored.parent) not in last and "Traceback" not in done.stderr
+    assert "missing.pt: checkpoint not found" in done.stderr  # the cell's own line

@@ -271,3 +271,27 @@ if submitit_launcher is not None:
 
     class LocalLauncher(_Cells, submitit_launcher.LocalLauncher):
         pass
+
+
+try:
+    from hydra_plugins.hydra_joblib_launcher import joblib_launcher
+except ImportError:  # without the plugin, Hydra's discovery must still pass here
+    joblib_launcher = None
+
+if joblib_launcher is not None:
+    class JoblibLauncher(joblib_launcher.JoblibLauncher):
+        """Hydra's joblib launcher (a study's cells, a cell per core: configs/hydra/launcher/cores.yaml), with one
+        change: a cell that failed costs only itself; the others run to their end, then one line names every
+        failed cell and its folder."""
+
+        def launch(self, job_overrides, initial_job_idx):
+            from hydra.core.utils import JobStatus
+
+            results = super().launch(job_overrides, initial_job_idx)
+            failed = [f"{result.hydra_cfg.hydra.runtime.output_dir}: {result._return_value}"
+                      for result in results if result.status == JobStatus.FAILED]
+            if failed:  # as wait_for_cells ends a sweep of the submitit launchers
+                print(f"{len(failed)} of {len(results)} cells failed: {'; '.join(failed)}; the same command again "
+                      "runs them (the scored cells are skipped)", file=sys.stderr)
+                raise SystemExit(EXIT_CELL_FAILED)
+            return results

@@ -33,6 +33,8 @@ def row_of(result: dict) -> str:
 
 def read_cells(folder: Path) -> tuple[dict[str, list[dict]], list[Path]]:
     """({row: its cells' results, by seed}, the cells of `folder` that hold no score): every cell is either."""
+    if not folder.is_dir():
+        raise DataError(f"{folder}: no such folder (a sweep's folder holds one folder per cell)")
     rows: dict[str, list[dict]] = {}
     unscored = []
     for cell in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):

@@ -36,11 +36,12 @@ recipe=${1:-paper_base}; model=${2:-base}; data=${3:-wmt14_en_de}
 shift $(( $# < 3 ? $# : 3 ))
 python=${PYTHON:-.venv/bin/python}
 # the run's folder: OUTPUT, else the paper's recipe as it is in outputs/MODEL_DATA (make train-base's), and
-# anything else beside it, named by the overrides that define it (as a sweep names its cells)
+# anything else beside it, named by the fields that define it (as a sweep names its cells: nmt/run_names.py)
 if [ -n "${OUTPUT:-}" ]; then output=$OUTPUT
 elif [ $# -eq 0 ] && [ "$recipe" = "paper_$model" ]; then output=outputs/${model}_${data}
-else output=outputs/${model}_${data}.$("$python" -c 'import sys; from nmt.run_names import cell_name
-print(cell_name(sys.argv[1:]))' "+experiment=$recipe" "$@") || exit 2
+else output=outputs/$("$python" -c 'import sys; from nmt.config import register_schemas; register_schemas()
+from nmt.run_names import cell_name_for; print(cell_name_for(sys.argv[1:]))' "model=$model" "data=$data" \
+  "+experiment=$recipe" "$@") || exit 2
 fi
 saved() { stat -c %Y "$output/checkpoint_last.pt" 2>/dev/null || echo 0; }  # when the last whole state was saved
 saved_before=$(saved)

@@ -210,7 +210,7 @@ def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_ov
            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "10"}
     job = subprocess.Popen(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local", *recipe],
                            cwd=tmp_path, env=env)
-    folders = lambda: [p for p in (tmp_path / "outputs").glob("tiny_local.*") if (p / LAST).exists()]  # noqa: E731
+    folders = lambda: [p for p in (tmp_path / "outputs").glob("tiny_local_*") if (p / LAST).exists()]  # noqa: E731
     deadline = time.monotonic() + 300
     while not folders() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -222,7 +222,7 @@ def test_slurm_script_requeues_a_job_that_lost_a_node_and_names_its_folder_by_ov
     assert job.wait(timeout=300) == 0, log.read_text()[-3000:]
     assert "the job step failed" in log.read_text() and (tmp_path / "requeued").read_text().split() == ["7"]
     folder = folders()[0]
-    assert folder.name.startswith("tiny_local.") and "+experiment-table1+model.clip-2+" in folder.name
+    assert folder.name.startswith("tiny_local_en_de.") and "+experiment-table1+model.clip-2+" in folder.name
     assert load_checkpoint(folder / LAST)["step"] < 40
 
     requeued = subprocess.run(["sbatch", str(ROOT / "scripts" / "slurm_train.sh"), "table1", "tiny", "local",

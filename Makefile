@@ -149,8 +149,9 @@ length-study: install
 
 # results/README.md's tables, curves and the length study's positions from results/cells (matplotlib comes with
 # make install)
+SAMPLES ?= 1000  # the paired bootstrap's resamples
 plots: install
-	$(PY) -m nmt.table results/README.md
+	$(PY) -m nmt.table results/README.md --samples $(SAMPLES)
 	$(PY) -m experiments.plot_curves table1 table2 table3 length beyond
 	$(PY) -m experiments.length_positions
 

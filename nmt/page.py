@@ -187,7 +187,9 @@ def rate_table(rows: dict[str, dict[int, dict]], control: dict[str, dict[int, di
         best = max(rates, key=lambda rate: rates[rate][0])
         seeds = control.get(f"{pair}.{mode}", {})
         nlls = [nll for nll in (final_valid_nll(seeds[s]["folder"]) for s in sorted(seeds)) if nll is not None]
-        lines.append(f"| {mode} | {' / '.join(f'{s[0]:.2f}' if s else '–' for s in shown)} | "
+        bleu = [f"{s[0]:.2f}{f' ({n} seeds)' if n > 1 else ''}" if s else "–"
+                for s, n in zip(shown, (counts[mode].get(f"lr{scale}", 1) for scale in RATES))]
+        lines.append(f"| {mode} | {' / '.join(bleu)} | "
                      f"{' / '.join(f'{s[1]:.3f}' if s and s[1] is not None else '–' for s in shown)} | "
                      f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f}{seeds_note(counts[mode][rate])})' for rate, s in extra.items())} | "
                      f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"

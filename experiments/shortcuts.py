@@ -52,9 +52,12 @@ def shortcut_shares(symbols: torch.Tensor, targets: torch.Tensor, max_offset: in
     if beyond is not None:  # the commonest symbol at j - beyond or further left; none where there is no such place
         seen = torch.cat([torch.zeros_like(counts[:, :beyond]), counts[:, :length - beyond]], 1)
         found["mode_beyond"] = right(torch.where(seen.sum(-1) > 0, seen.argmax(-1), -1))
-    same = symbols[:, :, None] == symbols[:, None, :]  # (n, j, i)
-    before = same & (positions[None, :] < positions[:, None])[None]  # i < j
-    last = torch.where(before.any(-1), (before * positions).argmax(-1), -1)  # the previous occurrence's place
+    last = torch.full_like(symbols, -1)  # the previous occurrence's place of the symbol at j, -1 for none
+    seen = torch.full((n, int(symbols.max()) + 1), -1)  # each symbol's latest place so far: O(n x symbols) memory
+    for j in range(length):
+        here = symbols[:, j:j + 1]
+        last[:, j:j + 1] = seen.gather(1, here)
+        seen.scatter_(1, here, j)
     after = symbols.gather(1, (last + 1).clamp(0, length - 1))
     found["after_previous"] = right(torch.where((last >= 0) & (last + 1 < length), after, -1))
     found["best"] = max(found[k] for k in ("offset", "position", "mode", "mode_beyond", "after_previous") if k in found)

@@ -263,6 +263,7 @@ def test_fp16_overflow_lowers_the_scale_and_drops_the_update(prepared, tmp_path,
     assert all(torch.isfinite(t).all() for t in state["model"].values())
 
 
+@pytest.mark.slow  # a minute or two of torch.compile on a CPU
 def test_compiled_training_survives_changing_shapes_and_saves_plain_keys(prepared, tmp_path):
     """train.compile=true on a CPU: one dynamic-shape graph for every batch shape, the same gradients as
     eager, and checkpoints an uncompiled model loads."""

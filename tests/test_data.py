@@ -164,6 +164,7 @@ def test_hub_rows_with_the_wmt14_schema():
         list(readers.pairs_from_hub_split(dd["test"], "en", "fr"))
 
 
+@pytest.mark.slow  # tens of seconds: make test stays under 10 minutes
 def test_offline_hub_fails_fast_with_instructions(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setattr(readers, "_hub_reachable", lambda: False)

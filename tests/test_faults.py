@@ -90,6 +90,7 @@ def worker_pids(launcher: int) -> dict[int, int]:
     return found
 
 
+@pytest.mark.slow  # tens of seconds: make test stays under 10 minutes
 def test_two_processes_stopped_and_rerun_end_bit_identical(prepared, uninterrupted, tmp_path):
     """Each rank's RNG streams are saved and restored to that rank: resuming is exact with several processes."""
     result = finished(torchrun(*overrides(prepared, tmp_path, max_steps=STEPS // 2 + 2)))

@@ -28,6 +28,7 @@ def experiment(prepared, out: Path, *extra) -> list[str]:
             "train.log_every=1", "train.device=cpu", *extra]
 
 
+@pytest.mark.slow  # tens of seconds: make test stays under 10 minutes
 def test_a_stopped_experiment_run_again_ends_as_one_never_stopped(prepared, tmp_path):
     whole = subprocess.run(experiment(prepared, tmp_path / "whole"), cwd=ROOT, env=ENV, capture_output=True,
                            text=True, timeout=600)

@@ -225,6 +225,7 @@ def test_the_self_test_catches_a_wrong_gradient_with_a_right_output(monkeypatch)
     assert self_test(case, torch.device(DEVICE)).startswith("grad q off by")
 
 
+@pytest.mark.slow  # tens of seconds: make test stays under 10 minutes
 def test_a_passed_case_that_is_slower_than_the_pytorch_path_is_not_adopted(monkeypatch):
     """On CUDA auto times both paths after the self-test and keeps the faster. Here the interpreter is the slow
     kernel; the verdict names both times."""

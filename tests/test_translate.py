@@ -33,6 +33,7 @@ def test_translate_keeps_one_line_per_input_line(checkpoint, tmp_path):
     assert piped.returncode == 0 and piped.stdout.split("\n")[:-1] == out[:-1]
 
 
+@pytest.mark.slow  # tens of seconds: make test stays under 10 minutes
 def test_a_line_written_into_a_pipe_is_answered_before_the_input_ends(checkpoint, tmp_path):
     """As fairseq-interactive behind another program: each line's translation is written and flushed once it has
     arrived and been decoded, not when the input ends; the lines are those of the batched run."""

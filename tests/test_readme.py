@@ -97,7 +97,7 @@ RULES = [
     (r"^python -m benchmarks.deploy",
      " --sentences 20 --repeats 1 --threads 1 --output outputs/bench_deploy_test --exports outputs/bench_deploy_test"),
     (r"^python scripts/demo.py", " --updates 4 --lines 10"),
-    (r"^make (table1|table2|table3|beyond|descendants|length-study)", f"skip: {HOURS}"),
+    (r"^make (table1|table2|table3|beyond|descendants|lr_check|length-study)", f"skip: {HOURS}"),
     (r"^python -m experiments.plot_attention_distance results/cells/", "skip: needs the cells' checkpoints (relnmt-train -m "
      "+study=table2: hours; the committed cells hold no weights)"),
     (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=table1 .*train.output_dir=outputs/attention/",

@@ -20,7 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from nmt.checkpoints.checkpoint import CheckpointError
@@ -34,7 +33,6 @@ from nmt.score import tokenized_bleu_of, tokenized_label
 from nmt.run_names import cell_name_for, composed
 from nmt.train import run
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 log = logging.getLogger("nmt.experiment")
 
 
@@ -43,8 +41,7 @@ def compose_job(overrides: list[str]) -> tuple[TrainJob, dict]:
 
     The overrides must set train.output_dir: its default names the folder of a Hydra run, and this is none."""
     register_schemas()
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+    cfg = composed(overrides)
     return OmegaConf.to_object(cfg).check(), OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 

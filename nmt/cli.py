@@ -17,6 +17,7 @@ import hydra
 
 from nmt.errors import EXIT_STOPPED, EXIT_USER_ERROR, Stopped, UserError
 from nmt.fields import CONFIGS, answer_completion, completion_query, help_text
+from nmt.outputs import remove_unused_folder
 from nmt.overrides import flag_error, override_error, sweep_checks
 
 def program_name(module: str) -> str:
@@ -75,6 +76,18 @@ def hydra_run_dir(args: list[str]) -> list[str]:
     return [*args, "hydra.run.dir=."]
 
 
+def remove_refused_job_folder() -> None:
+    """The folder Hydra made for a job (a run's hydra.run.dir, a sweep cell's) before the job was refused, while it
+    is still empty: a refused job writes nothing, and leaves no folder that a later command would take for a run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    folder = Path(HydraConfig.get().runtime.output_dir).resolve()
+    if folder != Path.cwd().resolve():  # hydra.run.dir=. (hydra_run_dir): the user's own directory, never removed
+        remove_unused_folder(folder, bookkeeping=())
+
+
 def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
     """@hydra.main for configs/<config_name>.yaml (whose fields `schema` describes), after the overrides' check
     (exit 2, one line naming the key). --help and -h print help_text; a --flag gets one line (exit 2); the job runs
@@ -89,6 +102,8 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
                 with ends_in_one_line(tool, interrupted):
                     return task(cfg)
             except SystemExit as ended:
+                if ended.code == EXIT_USER_ERROR:
+                    remove_refused_job_folder()
                 if ended.code and multiprocessing.parent_process() is not None:
                     # a sweep's cell in a pool's worker (Hydra's joblib launcher): exiting would end the worker and
                     # the pool with it; an exception fails this cell alone, and the launcher names it

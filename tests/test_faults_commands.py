@@ -64,3 +64,15 @@ def test_a_run_refused_before_it_trained_leaves_no_folder(tmp_path):
     # its default folder, which Hydra makes before the job starts, goes too
     one_error_line(command("train", "data=local", cwd=tmp_path), "data=local needs data.train")
     assert not any((tmp_path / "outputs").glob("*"))
+
+
+@pytest.mark.parametrize("sweep", [False, True])
+def test_a_job_refused_by_its_checks_leaves_no_folder_hydra_made(tmp_path, sweep):
+    """A config check (train.max_steps=0) refuses the job after Hydra made its folder (the run's hydra.run.dir, a
+    sweep cell's): one line, and the folder goes."""
+    where = ["-m", f"hydra.sweep.dir={tmp_path / 'cells'}", "hydra/launcher=basic"] if sweep else \
+        [f"hydra.run.dir={tmp_path / 'run'}"]
+    done = command("train", *where, "model=tiny", "data=multi30k_en_de", "train.max_steps=0")
+    assert "error: train.max_steps=0 is invalid" in done.stderr and done.returncode == 2, done.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+    assert [path.name for path in (tmp_path / "cells").glob("*")] == (["multirun.yaml"] if sweep else [])

@@ -38,8 +38,8 @@ QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the quot
 # The words that compare rows, by what they claim. A superlative claims the direction against every row it names.
 OBJECT = (r"(?=\s+(?:[\d(+−]|every|each|all|any|its|their|the best|chance|what|both|relative|absolute|sinusoids|T5|"
           r"ALiBi|RoPE|learned|buckets|k = |`))")  # "above"/"below" compare only before what they compare with
-HIGHER = rf"higher|highest|above{OBJECT}|ahead|beats?|better|best|leads?|exceeds?|outperforms?|on top"
-LOWER = rf"lower|lowest|below{OBJECT}|behind|trails?|worse|worst|short of|the floor"
+HIGHER = rf"higher|highest|above{OBJECT}|ahead|beats?|better|best|leads?|exceeds?|outperforms?"
+LOWER = rf"lower|lowest|below{OBJECT}|behind{OBJECT}|trails?|worse|worst|short of|the floor"
 NULL = r"no difference|level with|closes|not found|not shown|indistinguishable|on par"
 NEGATION = r"\b(?:not|no|nor|neither|never)\b(?:\W+\w+){0,3}?\W+$"  # a direction word read as "no difference" after it
 MEANS = re.compile(r"\bmeans?\b")

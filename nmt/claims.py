@@ -20,8 +20,11 @@ the words of DESCRIBED ("two seeds, no test"), or quotes one in the form "p = X,
 tests/test_significance.py against the tables).
 
 A chance level on a synthetic task is the shortcut check's figure (experiments/shortcuts.py): a sentence that
-states one cites it with `<!-- chance TASK LENGTH SHARE -->FIGURE<!-- /chance -->`, checked by
-tests/test_claims.py against the check computed again (experiments depend on nmt, never the reverse).
+states one (`chance_uncited`) cites it with `<!-- chance TASK LENGTH SHARE -->FIGURE<!-- /chance -->`, TASK
+`offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares), SHARE a key of
+`shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the commonest symbol 3 or more places to the left),
+FIGURE its value on the evaluation batch of seed 1, written by `python -m experiments.shortcuts --cite FILE ...`
+(experiments depend on nmt, never the reverse).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 GENERATED = re.compile(r"<!-- results:(\S+) -->.*?<!-- /results:\1 -->", re.DOTALL)
 CITATION = re.compile(r"<!-- cmp (?P<ids>[^>]*?) -->(?P<clause>.*?)<!-- /cmp -->", re.DOTALL)
 CHANCE = re.compile(r"<!-- chance (?P<task>\S+) (?P<length>\d+) (?P<share>\S+) -->(?P<figure>.*?)<!-- /chance -->")
+CHANCE_LEVEL = re.compile(r"\bchance\b(?! of any)", re.IGNORECASE)  # "the chance of any false verdict" is no level
 QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the quoted form tests/test_significance.py checks
 
 # The words that compare rows, by what they claim. A superlative claims the direction against every row it names.
@@ -206,3 +210,8 @@ def cite_files(page: Path, files: list[Path]) -> list[Path]:
             path.write_text(cited, encoding="utf-8")
             changed.append(path)
     return changed
+
+
+def chance_uncited(text: str) -> list[str]:
+    """The sentences that state a chance level without citing the shortcut check's figure."""
+    return [s for s in sentences(text) if CHANCE_LEVEL.search(s) and not CHANCE.search(s)]

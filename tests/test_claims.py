@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.claims import Comparison, cite, comparisons, disagreements, uncited
+from nmt.claims import Comparison, chance_uncited, cite, comparisons, disagreements, uncited
 from tests.conftest import ROOT
 
 PAGES = [ROOT / "results" / "README.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -68,3 +68,20 @@ def test_every_comparative_sentence_cites_a_computed_comparison_and_says_what_it
     assert cite(text, computed) == text, f"{page}: a citation is stale; run make plots (relnmt-table --cite)"
     assert disagreements(text, computed) == []
     assert uncited(text) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_chance_level_cites_the_shortcut_check(page: Path):
+    assert chance_uncited(page.read_text(encoding="utf-8")) == []
+    assert chance_uncited("Sinusoids stay at chance (0.053).") == ["Sinusoids stay at chance (0.053)."]
+
+
+@pytest.mark.slow
+def test_every_chance_level_is_the_shortcut_checks_figure():
+    """Each chance marker's figure is the shortcut share it names, computed again (`python -m experiments.shortcuts
+    --cite FILE` writes them)."""
+    from experiments.shortcuts import cite_chance
+
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        assert cite_chance(text) == text, page

@@ -151,7 +151,8 @@ length-study: install
 # make install)
 SAMPLES ?= 1000  # the paired bootstrap's resamples
 plots: install
-	$(PY) -m nmt.table results/README.md --samples $(SAMPLES)
+	$(PY) -m nmt.table results/README.md --samples $(SAMPLES) --cite README.md docs/*.md
+	$(PY) -m experiments.shortcuts --cite results/README.md README.md
 	$(PY) -m experiments.plot_curves table1 table2 table3 length beyond
 	$(PY) -m experiments.length_positions
 

@@ -107,14 +107,15 @@ def repeat_accuracy(model: Tagger, length: int, seed: int) -> float:
     return float((predicted == targets)[keep].float().mean())
 
 
-def shortcuts(task: str, length: int, seed: int) -> dict:
-    """The shortcut shares (experiments/shortcuts.py) of the task's evaluation batch at `length`."""
+def shortcuts(task: str, length: int, seed: int, beyond: int | None = None) -> dict:
+    """The shortcut shares (experiments/shortcuts.py) of the task's evaluation batch at `length` (with `beyond`,
+    the commonest symbol that many places or more to the left too)."""
     generator = torch.Generator().manual_seed(20_000 + seed)
     if task == "repeat":
         tokens, targets = repeat_batch(REPEAT_EVAL, generator, length)
-        return shortcut_shares(repeat_symbols(tokens), targets)
+        return shortcut_shares(repeat_symbols(tokens), targets, beyond=beyond)
     tokens, targets = batch(PER_DISTANCE * MAX_DISTANCE, generator, None, length)
-    return shortcut_shares(offset_symbols(tokens), targets)
+    return shortcut_shares(offset_symbols(tokens), targets, beyond=beyond)
 
 
 def accuracy(model: Tagger, length: int, seed: int) -> list[float]:

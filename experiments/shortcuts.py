@@ -62,3 +62,39 @@ def shortcut_shares(symbols: torch.Tensor, targets: torch.Tensor, max_offset: in
     found["after_previous"] = right(torch.where((last >= 0) & (last + 1 < length), after, -1))
     found["best"] = max(found[k] for k in ("offset", "position", "mode", "mode_beyond", "after_previous") if k in found)
     return found
+
+
+def cite_chance(text: str) -> str:
+    """The text with every chance marker's figure (nmt/claims.py CHANCE) computed again: the shortcut share it names
+    on its task's evaluation batch of seed 1 (experiments/extrapolate.py shortcuts)."""
+    from nmt.claims import CHANCE
+
+    from experiments.extrapolate import shortcuts
+
+    computed: dict[tuple, dict] = {}
+
+    def figure(marker) -> str:
+        share, _, beyond = marker.group("share").partition("@")
+        key = (marker.group("task"), int(marker.group("length")), int(beyond) if beyond else None)
+        if key not in computed:
+            computed[key] = shortcuts(key[0], key[1], seed=1, beyond=key[2])
+        return marker.group(0).replace(f"-->{marker.group('figure')}<!--", f"-->{computed[key][share]:.3f}<!--", 1)
+    return CHANCE.sub(figure, text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """python -m experiments.shortcuts --cite FILE ...: write the chance markers' figures of these files."""
+    import argparse
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.shortcuts", description=main.__doc__)
+    parser.add_argument("--cite", nargs="+", type=Path, required=True, metavar="FILE")
+    for path in parser.parse_args(argv).cite:
+        text = path.read_text(encoding="utf-8")
+        if (cited := cite_chance(text)) != text:
+            path.write_text(cited, encoding="utf-8")
+            print(f"{path}: chance levels written again")
+
+
+if __name__ == "__main__":
+    main()

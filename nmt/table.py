@@ -3,6 +3,7 @@
     relnmt-table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE] [--where KEY=VALUE ...]
     relnmt-table results/README.md [--blocks NAME ...]   # every table there, as results/tables.yaml declares them,
                                                          # from the cells of results/cells (nmt/page.py)
+                 [--cite FILE ...]                       # and the comparisons the page and FILEs cite (nmt/claims.py)
 
 Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/record.py) is one seed of a row: the cells
 of one run but for the seed form a row (nmt/collect.py). A row prints its seeds, sacreBLEU (mean +- standard
@@ -117,10 +118,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="only the rows holding these overrides (those that define a run; others are ignored)")
     parser.add_argument("--blocks", nargs="+", metavar="NAME", help="a page: only these tables (default: all)")
     parser.add_argument("--samples", type=int, default=1000, help="a page: paired-bootstrap resamples")
+    parser.add_argument("--cite", nargs="+", default=[], type=Path, metavar="FILE",
+                        help="a page: also write the comparisons these files cite from its tables (nmt/claims.py)")
     args = parser.parse_args(argv)
     with ends_in_one_line("table"):
         if args.folder.suffix == ".md":
-            return write_page(args.folder, args.blocks, args.samples)
+            return write_page(args.folder, args.blocks, args.samples, args.cite)
         rows, unscored = read_cells(args.folder)
         name_unscored(unscored)
         if not rows:
@@ -139,8 +142,10 @@ def name_unscored(cells: list[Path]) -> None:
               f"left out: {', '.join(str(c) for c in cells)}", file=sys.stderr)
 
 
-def write_page(page: Path, blocks: list[str] | None, samples: int) -> None:
-    """Replace the page's marked blocks with the tables rebuilt from the cells beside it."""
+def write_page(page: Path, blocks: list[str] | None, samples: int, citing: list[Path] = ()) -> None:
+    """Replace the page's marked blocks with the tables rebuilt from the cells beside it, then every comparison
+    the page and `citing` cite with what those tables computed."""
+    from nmt.claims import cite_files
     from nmt.page import page_blocks, replace_block
 
     if not page.is_file():
@@ -153,6 +158,11 @@ def write_page(page: Path, blocks: list[str] | None, samples: int) -> None:
         text = replace_block(text, name, block)
     page.write_text(text, encoding="utf-8")
     print(f"{page}: {len(tables)} tables rebuilt from {page.parent / 'cells'} ({', '.join(tables)})")
+    try:
+        cited = cite_files(page, list(citing))
+    except ValueError as error:
+        raise DataError(str(error)) from None
+    print(f"comparisons cited again in: {', '.join(map(str, cited)) or 'none changed'}")
 
 
 if __name__ == "__main__":

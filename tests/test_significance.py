@@ -9,6 +9,7 @@ import pytest
 
 from nmt.stats import (ALPHA, detectable_difference, holm, p_cell, regularized_beta, seed_p,
                                       t_quantile, t_two_sided_p, verdict, welch_test)
+from nmt.claims import generated_tables
 from tests.conftest import ROOT
 
 
@@ -96,25 +97,6 @@ def test_the_verdict_reads_the_adjusted_p():
     a, b = [35.0, 35.2, 35.1], [34.0, 34.1, 34.3]
     assert verdict(a, b, 0.01) == "higher" and verdict(b, a, 0.049) == "lower"
     assert verdict(a, b, 0.06).startswith("no difference found (detectable: ") and verdict(a, b, None) == "no test"
-
-
-def cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
-
-
-def generated_tables(text: str) -> list[list[dict]]:
-    """Each table that relnmt-table wrote (nmt/page.py: the header with the Holm and verdict columns): its rows
-    as {column: cell}."""
-    tables, lines = [], text.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("| row |") and "p (Holm, all tables)" in line:
-            head, rows = cells(line), []
-            for row in lines[i + 2:]:
-                if not row.startswith("|"):
-                    break
-                rows.append(dict(zip(head, cells(row))))
-            tables.append(rows)
-    return tables
 
 
 def p_value(cell: str) -> float:

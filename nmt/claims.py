@@ -1,0 +1,217 @@
+"""Comparative sentences computed, not written: the one home of the rule that a sentence comparing two rows of
+results/README.md's tables cites a comparison those tables computed, and says what that comparison says.
+
+A sentence cites a comparison by its id, ROW/REFERENCE as the tables name the row and its "vs" cell, in a marker
+that `relnmt-table` fills from the page's tables (a number in prose is never written by hand):
+
+    T5 at its rate is higher than T5 (<!-- cmp en-de.t5_lr10/en-de.t5 --><!-- /cmp -->)
+    -> T5 at its rate is higher than T5 (<!-- cmp en-de.t5_lr10/en-de.t5 -->+3.64 BLEU, p = 0.002, adjusted
+       0.047: higher<!-- /cmp -->)
+
+(several ids, comma-separated, give their clauses joined by "; "). The marker is an HTML comment, so the rendered
+page shows the clause alone. The words a sentence uses are checked against what it cites (`disagreements`): before
+each marker, back to the previous marker or the sentence's start, a word that says "higher" (higher, above, ahead,
+beats, best, ...) needs the verdict "higher", one that says "lower" (lower, below, behind, trails, worst, ...) the
+verdict "lower", and one that says "no difference" (no difference, level with, closes, not found, a negated
+"higher" or "lower") a null verdict; said of the means ("its mean is higher", "higher by the means") a direction
+needs only the means' sign. A comparison of fewer than 3 seeds a row has no test: only its means' sign can be said.
+A sentence that compares rows with none of these words and without a computed comparison (`uncited`) says so in
+the words of DESCRIBED ("two seeds, no test"), or quotes one in the form "p = X, adjusted Y" (checked by
+tests/test_significance.py against the tables).
+
+A chance level on a synthetic task is the shortcut check's figure (experiments/shortcuts.py): a sentence that
+states one (`chance_uncited`) cites it with `<!-- chance TASK LENGTH SHARE -->FIGURE<!-- /chance -->`, TASK
+`offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares), SHARE a key of
+`shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the commonest symbol 3 or more places to the left),
+FIGURE its value on the evaluation batch of seed 1, written by `python -m experiments.shortcuts --cite FILE ...`
+(experiments depend on nmt, never the reverse).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+GENERATED = re.compile(r"<!-- results:(\S+) -->.*?<!-- /results:\1 -->", re.DOTALL)
+CITATION = re.compile(r"<!-- cmp (?P<ids>[^>]*?) -->(?P<clause>.*?)<!-- /cmp -->", re.DOTALL)
+CHANCE = re.compile(r"<!-- chance (?P<task>\S+) (?P<length>\d+) (?P<share>\S+) -->(?P<figure>.*?)<!-- /chance -->")
+CHANCE_LEVEL = re.compile(r"\bchance\b(?! of any)", re.IGNORECASE)  # "the chance of any false verdict" is no level
+QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the quoted form tests/test_significance.py checks
+
+# The words that compare rows, by what they claim. A superlative claims the direction against every row it names.
+OBJECT = (r"(?=\s+(?:[\d(+−]|every|each|all|any|its|their|the best|chance|what|both|relative|absolute|sinusoids|T5|"
+          r"ALiBi|RoPE|learned|buckets|k = |`))")  # "above"/"below" compare only before what they compare with
+HIGHER = rf"higher|highest|above{OBJECT}|ahead|beats?|better|best|leads?|exceeds?|outperforms?"
+LOWER = rf"lower|lowest|below{OBJECT}|behind{OBJECT}|trails?|worse|worst|short of|the floor"
+NULL = r"no difference|level with|closes|not found|not shown|indistinguishable|on par"
+NEGATION = r"\b(?:not|no|nor|neither|never)\b(?:\W+\w+){0,3}?\W+$"  # a direction word read as "no difference" after it
+MEANS = re.compile(r"\bmeans?\b")
+# Words that mark a sentence as describing single runs or untested means, not concluding
+DESCRIBED = re.compile(r"no test|not tested|tests? nothing|one seed|n < 3 seeds|(?:two|2) seeds, no")
+# What a sentence names when it compares rows: the position modes and the ablations' rows, as the prose names them
+ROWS = re.compile(r"\b(?:relative|absolute|sinusoids?|learned|`both`|`none`|T5|t5|ALiBi|alibi|RoPE|rope|buckets|"
+                  r"k = \d+|a\^K|a\^V|per-head|shared tables|edge tables|neither)\b")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison of the page's tables: the row's mean minus its reference's (as printed), Welch's p over
+    seeds, the Holm-adjusted p over the page's family, and the verdict, as their cells read."""
+    difference: float
+    raw: str
+    adjusted: str
+    verdict: str
+
+    def clause(self) -> str:
+        """What a citing sentence shows of it."""
+        if self.verdict == "no test":
+            return f"{self.difference:+.2f} BLEU, {self.raw}: no test"
+        found = re.fullmatch(r"no difference found \(detectable: ([\d.]+)\)", self.verdict)
+        word = f"no difference found, detectable {found.group(1)}" if found else self.verdict
+        return f"{self.difference:+.2f} BLEU, {p_text('p', self.raw)}, {p_text('adjusted', self.adjusted)}: {word}"
+
+    def direction(self) -> str:
+        """"higher", "lower" or "null" (no difference found), what the verdict concludes; "untested" for none."""
+        return {"higher": "higher", "lower": "lower", "no test": "untested"}.get(self.verdict, "null")
+
+
+def p_text(name: str, cell: str) -> str:
+    """"p = 0.058", "p < 0.001", "adjusted 0.467": a p as the prose quotes it."""
+    return f"p = {cell}" if name == "p" and not cell.startswith("<") else f"{name} {cell}"
+
+
+def table_cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def generated_tables(text: str) -> list[list[dict]]:
+    """Each BLEU table that relnmt-table wrote (nmt/page.py: the header with the Holm and verdict columns): its rows
+    as {column: cell}."""
+    tables, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("| row |") and "p (Holm, all tables)" in line:
+            head, rows = table_cells(line), []
+            for row in lines[i + 2:]:
+                if not row.startswith("|"):
+                    break
+                rows.append(dict(zip(head, table_cells(row))))
+            tables.append(rows)
+    return tables
+
+
+def comparisons(page: str) -> dict[str, Comparison]:
+    """{"ROW/REFERENCE": its comparison} over every generated table of the page (a comparison printed in two
+    tables, the same cells, is one; two that disagree are an error)."""
+    found: dict[str, Comparison] = {}
+    for rows in generated_tables(page):
+        mean = {row["row"]: float(row["sacreBLEU (mean ± std)"].split()[0]) for row in rows}
+        for row in (r for r in rows if r["vs"]):
+            columns = (row[c].split(" / ") for c in ("vs", "p (seeds, Welch)", "p (Holm, all tables)",
+                                                     "verdict (Holm, family-wise 0.05)"))
+            for reference, raw, adjusted, verdict in zip(*columns):
+                key = f"{row['row']}/{reference}"
+                comparison = Comparison(round(mean[row["row"]] - mean[reference], 2), raw, adjusted, verdict)
+                if found.setdefault(key, comparison) != comparison:
+                    raise ValueError(f"{key}: two tables print it differently ({found[key]} and {comparison})")
+    return found
+
+
+def cite(text: str, computed: dict[str, Comparison]) -> str:
+    """The text with every cmp marker's clause written from the comparisons it names; ValueError naming an id the
+    tables do not compute."""
+    def clause(marker: re.Match) -> str:
+        ids = [i.strip() for i in marker.group("ids").split(",")]
+        missing = [i for i in ids if i not in computed]
+        if missing:
+            raise ValueError(f"<!-- cmp {marker.group('ids')} -->: no comparison {', '.join(missing)} in the page's "
+                             "tables (results/tables.yaml declares each row's 'against')")
+        return f"<!-- cmp {marker.group('ids')} -->{'; '.join(computed[i].clause() for i in ids)}<!-- /cmp -->"
+    return CITATION.sub(clause, text)
+
+
+def prose(text: str) -> str:
+    """The page less its generated blocks and code blocks (what a person wrote)."""
+    return re.sub(r"^```.*?^```", "", GENERATED.sub("", text), flags=re.DOTALL | re.MULTILINE)
+
+
+def sentences(text: str) -> list[str]:
+    """The prose's sentences: a table line is one, a paragraph or list item is split after . ! or ? before a
+    capital, a bracket or markup (markers and inline code kept whole)."""
+    found = []
+    for block in re.split(r"\n\s*\n|\n(?=\s*[-*] |\d+\. |#)", prose(text)):
+        lines = block.splitlines()
+        found += [line for line in lines if line.lstrip().startswith("|")]
+        paragraph = " ".join(line.strip() for line in lines if not line.lstrip().startswith("|"))
+        found += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z(*`\[<])", paragraph) if s.strip()]
+    return found
+
+
+def words_before(fragment: str) -> set[str]:
+    """What the fragment claims: "higher", "lower", "null" and "mean" (the claim is said of the means)."""
+    plain = re.sub(r"`[^`]*`|<!--.*?-->|\]\([^)]*\)", " ", fragment)
+    claims = set()
+    for kind, words in (("higher", HIGHER), ("lower", LOWER)):
+        for found in re.finditer(rf"\b(?:{words})\b", plain):
+            claims.add("null" if re.search(NEGATION, plain[:found.start()]) else kind)
+    if re.search(rf"\b(?:{NULL})\b", plain):
+        claims.add("null")
+    if MEANS.search(plain):
+        claims.add("mean")
+    return claims
+
+
+def agrees(claim: str, comparison: Comparison, of_means: bool) -> bool:
+    """Whether a fragment's claim ("higher", "lower", "null") agrees with the comparison it cites."""
+    if claim == "null":
+        return comparison.direction() == "null"
+    if of_means or comparison.direction() == "untested":
+        return of_means and (comparison.difference > 0) == (claim == "higher")
+    return comparison.direction() == claim
+
+
+def disagreements(text: str, computed: dict[str, Comparison]) -> list[str]:
+    """Each citation whose sentence's words disagree with what it cites (the words before the marker, back to the
+    previous marker or the sentence's start), as "ID: WORD against VERDICT in: SENTENCE"."""
+    found = []
+    for sentence in sentences(text):
+        start = 0
+        for marker in CITATION.finditer(sentence):
+            claims = words_before(sentence[start:marker.start()])
+            start = marker.end()
+            for i in (i.strip() for i in marker.group("ids").split(",")):
+                if i not in computed:
+                    found.append(f"{i}: no such comparison in: {sentence}")
+                    continue
+                for claim in sorted(claims - {"mean"}):
+                    if not agrees(claim, computed[i], "mean" in claims):
+                        found.append(f"{i}: '{claim}'{' of the means' if 'mean' in claims else ''} against "
+                                     f"{computed[i].verdict} ({computed[i].difference:+.2f}) in: {sentence}")
+    return found
+
+
+def uncited(text: str) -> list[str]:
+    """The sentences that compare rows (a word of HIGHER, LOWER or NULL, and a row named) with neither a cited
+    comparison, nor a quoted one, nor the words of a description (DESCRIBED)."""
+    def compares(sentence: str) -> bool:
+        plain = re.sub(r"\]\([^)]*\)", "]", sentence)
+        return bool(re.search(rf"\b(?:{HIGHER}|{LOWER}|{NULL})\b", plain) and ROWS.search(plain))
+    return [s for s in sentences(text)
+            if compares(s) and not (CITATION.search(s) or QUOTED.search(s) or DESCRIBED.search(s))]
+
+
+def cite_files(page: Path, files: list[Path]) -> list[Path]:
+    """Write every cmp marker of the page and of `files` from the page's tables; the files that changed."""
+    computed = comparisons(page.read_text(encoding="utf-8"))
+    changed = []
+    for path in [page, *files]:
+        text = path.read_text(encoding="utf-8")
+        if (cited := cite(text, computed)) != text:
+            path.write_text(cited, encoding="utf-8")
+            changed.append(path)
+    return changed
+
+
+def chance_uncited(text: str) -> list[str]:
+    """The sentences that state a chance level without citing the shortcut check's figure."""
+    return [s for s in sentences(text) if CHANCE_LEVEL.search(s) and not CHANCE.search(s)]

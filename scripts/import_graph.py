@@ -30,8 +30,8 @@ LAYERS = [
     ["nmt.training"],  # the trainer and its parts
     ["nmt.cli", "nmt.commands"],  # the Hydra entry every command shares
     ["nmt.prepare", "nmt.average", "nmt.translate", "nmt.score", "nmt.export"],  # the stages' commands
-    ["nmt.cell", "nmt.record", "nmt.collect", "nmt.page"],  # the sweep layer: a cell (train -> checkpoint -> decode
-    # -> score) and its record, called by train; the collector and the page of tables that read the records
+    ["nmt.cell", "nmt.record", "nmt.collect", "nmt.page", "nmt.claims"],  # the sweep layer: a cell (train -> checkpoint -> decode
+    # -> score) and its record, called by train; the collector, the page of tables that read the records, its claims
     ["nmt.train", "nmt.experiment", "nmt.table"],  # commands over a run or a sweep
     ["nmt"],  # the package itself (__init__)
 ]

@@ -23,7 +23,7 @@ import yaml
 
 from nmt.collect import declared_rows, read_cells, reference_lines
 from nmt.score import tokenized_bleu_of
-from nmt.stats import holm, holm_levels, mean_sd, p_cell, seed_p, verdict
+from nmt.stats import MIN_SEEDS, holm, holm_levels, mean_sd, p_cell, seed_noise, seed_p, verdict
 
 LENGTH_BUCKETS = [(1, 9), (10, 12), (13, 15), (16, 19), (20, 999)]
 TOKENIZED_COLUMN = "tokenized BLEU (de: compounds split; fr: not)"
@@ -165,34 +165,55 @@ def seeds_note(n: int) -> str:
     return f"; mean of {n} seeds" if n > 1 else ""
 
 
+def best_rate(rates: dict[str, list[float]]) -> str:
+    """The rate with the highest mean validation BLEU, and what seed noise allows of its lead over the next
+    (nmt.stats.seed_noise over the seeds of the mode's rates run more than once)."""
+    ranked = sorted(rates, key=lambda rate: -statistics.mean(rates[rate]))
+    best = ranked[0]
+    label = f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"
+    if len(ranked) == 1:
+        return label
+    runner = ranked[1]
+    gap = statistics.mean(rates[best]) - statistics.mean(rates[runner])
+    said = f"{label}, {gap:.2f} above {runner.replace('lr', '×')}"
+    bound = seed_noise(list(rates.values()), len(rates[best]), len(rates[runner]))
+    if bound is None:
+        return f"{said} (seed spread not measured: its repeated seeds give fewer than {MIN_SEEDS - 1} degrees of freedom)"
+    return f"{said}: {'beyond' if gap > bound else 'within'} seed noise (±{bound:.2f})"
+
+
 def rate_table(rows: dict[str, dict[int, dict]], control: dict[str, dict[int, dict]]) -> str:
     """The learning-rate check: each mode's validation BLEU and NLL at the shared rate, half and twice it (rows
-    <pair>.<mode>.lr<scale>, other rows of the mode shown beside), one seed, and the best rate by validation BLEU;
-    beside them the same-code control: the final validation NLL of the `control` table's seed-1 cell of the mode
-    (trained earlier, at the shared rate), with the spread of its seeds as the yardstick for "beyond seed noise"."""
+    <pair>.<mode>.lr<scale>, other rows of the mode shown beside; a rate's seeds averaged), the best rate by
+    validation BLEU with what the seeds allow of its lead (best_rate), the seeds' spread at x1; beside
+    them the same-code control: the final validation NLL of the `control` table's seed-1 cell of the mode (trained
+    earlier, at the shared rate), with the spread of its seeds as the yardstick for "beyond seed noise"."""
     runs: dict[str, dict[str, tuple[float, float | None]]] = {}
-    counts: dict[str, dict[str, int]] = {}
-    for name, seeds in rows.items():  # a rate's seeds averaged (the bias multiples have two)
+    bleus: dict[str, dict[str, list[float]]] = {}
+    for name, seeds in rows.items():
         pair, mode, rate = name.split(".", 2)
         nlls = [final_valid_nll(seeds[s]["folder"]) for s in sorted(seeds)]
-        runs.setdefault(mode, {})[rate] = (statistics.mean(seeds[s]["bleu"] for s in seeds),
+        bleus.setdefault(mode, {})[rate] = [seeds[s]["bleu"] for s in sorted(seeds)]
+        runs.setdefault(mode, {})[rate] = (statistics.mean(bleus[mode][rate]),
                                            None if None in nlls else statistics.mean(nlls))
-        counts.setdefault(mode, {})[rate] = len(seeds)
-    lines = [("| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | best (valid BLEU) "
-              "| NLL of the table's seed-1 run (its code) | sd of the NLL over the table's seeds |"),
-             "|---|---|---|---|---|---|---|"]
+    lines = [("| mode | valid BLEU at lr ×0.5 / ×1 / ×2 | valid NLL at ×0.5 / ×1 / ×2 | other rate | sd of valid BLEU "
+              "at ×1 | best (valid BLEU) | NLL of the table's seed-1 run (its code) | sd of the NLL over the table's "
+              "seeds |"),
+             "|---|---|---|---|---|---|---|---|"]
     for mode, rates in runs.items():
         shown = [rates.get(f"lr{scale}") for scale in RATES]
+        counts = {rate: len(values) for rate, values in bleus[mode].items()}
         extra = {rate: score for rate, score in rates.items() if not rate.startswith("lr")}
-        best = max(rates, key=lambda rate: rates[rate][0])
         seeds = control.get(f"{pair}.{mode}", {})
         nlls = [nll for nll in (final_valid_nll(seeds[s]["folder"]) for s in sorted(seeds)) if nll is not None]
         bleu = [f"{s[0]:.2f}{f' ({n} seeds)' if n > 1 else ''}" if s else "–"
-                for s, n in zip(shown, (counts[mode].get(f"lr{scale}", 1) for scale in RATES))]
+                for s, n in zip(shown, (counts.get(f"lr{scale}", 1) for scale in RATES))]
+        at_shared = bleus[mode].get("lr1", [])
         lines.append(f"| {mode} | {' / '.join(bleu)} | "
                      f"{' / '.join(f'{s[1]:.3f}' if s and s[1] is not None else '–' for s in shown)} | "
-                     f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f}{seeds_note(counts[mode][rate])})' for rate, s in extra.items())} | "
-                     f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"
+                     f"{', '.join(f'{rate}: {s[0]:.2f} (NLL {s[1]:.3f}{seeds_note(counts[rate])})' for rate, s in extra.items())} | "
+                     f"{f'{statistics.stdev(at_shared):.2f} ({len(at_shared)} seeds)' if len(at_shared) > 1 else '–'} | "
+                     f"{best_rate(bleus[mode])}"
                      f"{'' if len(rates) == len(RATES) + len(extra) else ' (not all rates run yet)'} | "
                      f"{f'{nlls[0]:.3f}' if nlls else '–'} | "
                      f"{f'{statistics.stdev(nlls):.3f} ({len(nlls)} seeds)' if len(nlls) > 1 else '–'} |")

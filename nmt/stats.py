@@ -115,6 +115,19 @@ def detectable_difference(a: list[float], b: list[float], alpha: float = ALPHA, 
     return (t_quantile(alpha / 2, df) + t_quantile(1 - power, df)) * pooled * math.sqrt(1 / len(a) + 1 / len(b))
 
 
+def seed_noise(groups: list[list[float]], n_a: int, n_b: int, alpha: float = ALPHA) -> float | None:
+    """The largest gap between two means of n_a and n_b runs that seed noise alone gives in 1 - alpha of trainings:
+    t_{1-alpha/2, df} * s * sqrt(1/n_a + 1/n_b), s the pooled sd of `groups` (the seeds of each config run more than
+    once), df their degrees of freedom; None below MIN_SEEDS - 1 of them (a spread of two runs is no measure). For
+    comparing configs whose own seeds are too few to test."""
+    groups = [g for g in groups if len(g) > 1]
+    df = sum(len(g) - 1 for g in groups)
+    if df < MIN_SEEDS - 1:
+        return None
+    pooled = math.sqrt(sum((len(g) - 1) * statistics.variance(g) for g in groups) / df)
+    return t_quantile(alpha / 2, df) * pooled * math.sqrt(1 / n_a + 1 / n_b)
+
+
 def seed_p(a: list[float], b: list[float]) -> float | None:
     """Welch's p of the two rows' seeds, or None with fewer than MIN_SEEDS a side."""
     return None if min(len(a), len(b)) < MIN_SEEDS else welch_test(a, b)[2]

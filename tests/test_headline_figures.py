@@ -206,9 +206,31 @@ def test_the_learning_rate_check_picks_by_validation_bleu_and_measures_seed_spre
         (folder / "train.log").write_text(f"x INFO nmt.train: valid update 600: loss 3 nll {nll + 1} ppl 9\n"
                                           f"x INFO nmt.train: valid update 600: loss 3 nll {nll} ppl 8\n")
         return {"bleu": bleu, "folder": folder}
-    rates = {f"en-de.mode.{rate}": {1: run(tmp_path / rate, bleu, 2.0)}
-             for rate, bleu in {"lr1": 30.0, "lr0.5": 31.5, "lr2": 20.0, "other": 29.0}.items()}
+
+    def rows(shared: list[float]) -> dict:
+        rates = {f"en-de.mode.{rate}": {1: run(tmp_path / str(shared) / rate, bleu, 2.0)}
+                 for rate, bleu in {"lr0.5": 31.5, "lr2": 20.0, "other": 29.0}.items()}
+        rates["en-de.mode.lr1"] = {seed: run(tmp_path / str(shared) / f"lr1.{seed}", bleu, 2.0)
+                                   for seed, bleu in enumerate(shared, 1)}
+        return rates
     control = {"en-de.mode": {seed: run(tmp_path / f"seed{seed}", 0.0, nll) for seed, nll in enumerate((2.1, 2.2, 2.4), 1)}}
+    nll_sd = f"{statistics.stdev([2.1, 2.2, 2.4]):.3f} (3 seeds)"
+    # one seed at the shared rate: the best by the means, its lead unweighed
+    row = rate_table(rows([30.0]), control).splitlines()[-1]
+    assert row == (f"| mode | 31.50 / 30.00 / 20.00 | 2.000 / 2.000 / 2.000 | other: 29.00 (NLL 2.000) | – | ×0.5, 1.50 "
+                   f"above ×1 (seed spread not measured: its repeated seeds give fewer than 2 degrees of freedom) | 2.100 | {nll_sd} |")
+    # three seeds at x1, sd 1: a lead of 1.50 over their mean of 30 is within t(0.975, 2) * 1 * sqrt(1 + 1/3) = 4.97
+    row = rate_table(rows([29.0, 30.0, 31.0]), control).splitlines()[-1]
+    assert "| 1.00 (3 seeds) | ×0.5, 1.50 above ×1: within seed noise (±4.97) |" in row
+    # a tight spread (sd 0.1): the same lead is beyond it
+    row = rate_table(rows([29.9, 30.0, 30.1]), control).splitlines()[-1]
+    assert "| 0.10 (3 seeds) | ×0.5, 1.50 above ×1: beyond seed noise (±0.50) |" in row
+    # two seeds at each of two rates pool to the same degrees of freedom as three at one
+    rates = rows([29.9, 30.1])
+    rates["en-de.mode.lr0.5"][2] = run(tmp_path / "lr0.5.2", 31.5, 2.0)
+    rates["en-de.mode.lr0.5"][1]["bleu"] = 31.6
+    rates["en-de.mode.lr0.5"][2]["bleu"] = 31.4
     row = rate_table(rates, control).splitlines()[-1]
-    assert row == (f"| mode | 31.50 / 30.00 / 20.00 | 2.000 / 2.000 / 2.000 | other: 29.00 (NLL 2.000) | ×0.5 | 2.100 "
-                   f"| {statistics.stdev([2.1, 2.2, 2.4]):.3f} (3 seeds) |")
+    bound = 4.303 * 0.02 ** 0.5 * 1.0  # t(0.975, 2) * pooled sd (0.1414) * sqrt(1/2 + 1/2)
+    assert f"×0.5 (2 seeds)" not in row and f"31.50 (2 seeds) / 30.00 (2 seeds)" in row
+    assert f"×0.5, 1.50 above ×1: beyond seed noise (±{bound:.2f})" in row

@@ -94,6 +94,7 @@ RULES = [
     (r"^python -m benchmarks.positions", " --repeats 1 --model-repeats 1 --sizes 32 64"),
     (r"^python -m benchmarks.decode_ratio", " --sentences 20 --repeats 1 --output outputs/decode_ratio_test.json"
      " --exports outputs/decode_ratio_test"),
+    (r"^python -m benchmarks.decode_profile", " --sentences 20 --output outputs/decode_profile_test.json"),
     (r"^python -m benchmarks.deploy",
      " --sentences 20 --repeats 1 --threads 1 --output outputs/bench_deploy_test --exports outputs/bench_deploy_test"),
     (r"^python scripts/demo.py", " --updates 4 --lines 10"),

@@ -1,22 +1,26 @@
-"""A `base` update's peak memory and time with the whole logits and with the chunked output layer and loss.
+"""A `base` update's peak memory and time with the whole logits, with the chunked output layer and loss, and with
+the layers' activations recomputed in the backward as well.
 
-    python -m benchmarks.chunked_loss [--device cpu|cuda] [--precision fp32|bf16] [--chunks 0 1024] [--repeats 3]
-        [--length 32] [--preset base] [--max-tokens 4096] [--output results/bench_chunked_loss.json]
+    python -m benchmarks.chunked_loss [--device cpu|cuda] [--precision fp32|bf16]
+        [--variants 0 1024 1024+recompute] [--repeats 3] [--length 32] [--preset base] [--max-tokens 4096]
+        [--output results/bench_chunked_loss.json]
 
 The recipe's update (configs/experiment/paper_base.yaml: model=base, data=wmt14_en_de's 32,768-token vocabulary,
 train.max_tokens=4,096 padded tokens per micro-batch; --preset and --max-tokens shrink it for a test) on a synthetic
 micro-batch of max_tokens // --length sentences of --length random tokens each side (every fourth shorter, padded),
 so no corpus is needed: forward, the loss
 (nmt.training.loss.batch_loss, as the trainer calls it) normalized by the target tokens, backward, Adam's step.
-Each --chunks value is a train.loss_chunk_tokens (0: the whole (tokens, vocabulary) logits at once, the path before
-chunking).
+Each --variants value is a train.loss_chunk_tokens (0: the whole (tokens, vocabulary) logits at once, the path before
+chunking), with "+recompute" for train.checkpoint_activations=true (each encoder and decoder layer recomputed in the
+backward); the first is the reference.
 
 - Memory: each value in a fresh process (its own peak), after a first update (the gradients and Adam's state exist):
   the update's peak above what the process held before it (CUDA: torch.cuda.max_memory_allocated; CPU: the
   allocations and frees torch's profiler records, in their order), and the process's peak (CUDA: the same counter
   from zero; CPU: peak RSS, with the trainer's heap settings, nmt.runtime.memory.retain_freed_memory). Of the
   update's peak, "activations" is what the forward up to the decoder's output states keeps for the backward (the
-  same for every value), and "above activations" the rest: the output layer and loss, and the parameters' gradients.
+  same for every chunk size; with recomputation, the layers' inputs only), and "above activations" the rest: the
+  output layer and loss, the parameters' gradients, and with recomputation one layer's activations at a time.
 - Time: the values side by side in one process, medians of --repeats interleaved updates (nmt.timing).
 - Identity: the loss and every parameter's gradient of one update for each value against the first's, on the same
   batch and dropout masks: the largest difference, relative to the loss and to the largest gradient of any
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +45,26 @@ from benchmarks.report import write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ["data=wmt14_en_de", "+experiment=paper_base"]  # and model=--preset (the recipe's: base)
+RECOMPUTE = "+recompute"
+
+
+class Variant(NamedTuple):
+    """What an update is measured with: train.loss_chunk_tokens and train.checkpoint_activations."""
+
+    chunk_tokens: int
+    recompute: bool
+
+    @classmethod
+    def parse(cls, text: str) -> "Variant":
+        """"1024+recompute" -> Variant(1024, True); "0" -> Variant(0, False)."""
+        chunks = text.removesuffix(RECOMPUTE)
+        if not chunks.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r}: a train.loss_chunk_tokens (0, 1024, ...), then optionally "
+                                             f"{RECOMPUTE}")
+        return cls(int(chunks), text.endswith(RECOMPUTE))
+
+    def __str__(self) -> str:
+        return f"{self.chunk_tokens}{RECOMPUTE if self.recompute else ''}"
 
 
 def setup(device: str, precision: str, length: int, preset: str, max_tokens: int | None):
@@ -78,12 +103,13 @@ def setup(device: str, precision: str, length: int, preset: str, max_tokens: int
     return job, env, amp_dtype, model, optimizer, batch
 
 
-def update(model, optimizer, batch, chunk_tokens: int, job, env, amp_dtype) -> torch.Tensor:
+def update(model, optimizer, batch, variant: Variant, job, env, amp_dtype) -> torch.Tensor:
     """One update of the trainer's arithmetic: loss sum / target tokens, backward, Adam; returns the loss sum."""
     from nmt.training.loss import batch_loss
 
-    loss, _ = batch_loss(model, model.output_weight, batch, job.optim.label_smoothing, chunk_tokens, env.device,
-                         amp_dtype)
+    model.recompute_layers = variant.recompute  # as the trainer sets train.checkpoint_activations
+    loss, _ = batch_loss(model, model.output_weight, batch, job.optim.label_smoothing, variant.chunk_tokens,
+                         env.device, amp_dtype)
     (loss / batch.target_tokens).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -105,7 +131,8 @@ def cpu_peak_above_start(run) -> int:
 
 
 def activations_bytes(model, batch, env, amp_dtype) -> int:
-    """What the forward up to the decoder's output states holds for the backward."""
+    """What the forward up to the decoder's output states holds for the backward (with model.recompute_layers as it
+    is set)."""
     from torch.profiler import profile
 
     from nmt.runtime.precision import autocast
@@ -121,11 +148,11 @@ def activations_bytes(model, batch, env, amp_dtype) -> int:
     return sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
 
 
-def measure_memory(chunk_tokens: int, args) -> dict:
-    """Peak memory of an update (after a first) at this train.loss_chunk_tokens; MiB."""
+def measure_memory(variant: Variant, args) -> dict:
+    """Peak memory of an update (after a first) with this variant; MiB."""
     job, env, amp_dtype, model, optimizer, batch = setup(args.device, args.precision, args.length, args.preset,
                                                          args.max_tokens)
-    step = lambda: update(model, optimizer, batch, chunk_tokens, job, env, amp_dtype)  # noqa: E731
+    step = lambda: update(model, optimizer, batch, variant, job, env, amp_dtype)  # noqa: E731
     step()  # the gradients and Adam's state are allocated by the first
     if env.device.type == "cuda":
         torch.cuda.synchronize(env.device)
@@ -144,42 +171,45 @@ def measure_memory(chunk_tokens: int, args) -> dict:
             "above_activations_mib": update_peak - activations}
 
 
-def differences(model, batch, chunks: list[int], job, env, amp_dtype) -> dict:
-    """The loss and gradients of one update's loss at each chunk size against the first size's: the largest
-    difference relative to the loss and, per parameter, to that parameter's largest gradient."""
+def differences(model, batch, variants: list[Variant], job, env, amp_dtype) -> dict:
+    """The loss and gradients of one update's loss with each variant against the first's: the largest difference
+    relative to the loss and, over the parameters, to the largest gradient of any."""
     from nmt.training.loss import batch_loss
 
     results = []
-    for chunk_tokens in chunks:
+    for variant in variants:
         model.zero_grad(set_to_none=True)
+        model.recompute_layers = variant.recompute
         torch.manual_seed(1)  # the same dropout masks
-        loss, nll = batch_loss(model, model.output_weight, batch, job.optim.label_smoothing, chunk_tokens, env.device,
-                               amp_dtype)
+        loss, nll = batch_loss(model, model.output_weight, batch, job.optim.label_smoothing, variant.chunk_tokens,
+                               env.device, amp_dtype)
         (loss / batch.target_tokens).backward()
         results.append((loss.item(), nll.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
     model.zero_grad(set_to_none=True)
     (loss0, nll0, grads0), rows = results[0], {}
     scale = max(g.abs().max().item() for g in grads0.values())
-    for chunk_tokens, (loss, nll, grads) in zip(chunks[1:], results[1:]):
+    for variant, (loss, nll, grads) in zip(variants[1:], results[1:]):
         worst = max((((grads[n] - g).abs().max()).item() / scale, n) for n, g in grads0.items())
-        rows[str(chunk_tokens)] = {"loss": loss, "nll": nll, "loss_relative_difference": abs(loss - loss0) / abs(loss0),
+        rows[str(variant)] = {"loss": loss, "nll": nll, "loss_relative_difference": abs(loss - loss0) / abs(loss0),
                                    "nll_relative_difference": abs(nll - nll0) / abs(nll0),
                                    "gradient_relative_difference": worst[0], "worst_parameter": worst[1]}
-    return {"reference_chunk_tokens": chunks[0], "loss": loss0, "nll": nll0, "against_reference": rows}
+    return {"reference": str(variants[0]), "loss": loss0, "nll": nll0, "against_reference": rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"])
-    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 1024],
-                        help="train.loss_chunk_tokens values; the first is the reference (0: the whole logits)")
+    parser.add_argument("--variants", type=Variant.parse, nargs="+",
+                        default=[Variant(0, False), Variant(1024, False), Variant(1024, True)],
+                        help="train.loss_chunk_tokens values (0: the whole logits), each with +recompute for "
+                             "train.checkpoint_activations=true; the first is the reference")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved timed updates of each value")
     parser.add_argument("--length", type=int, default=32, help="tokens per sentence of the synthetic micro-batch")
     parser.add_argument("--preset", default="base", help="the model preset (the recipe's: base)")
     parser.add_argument("--max-tokens", type=int, help="padded tokens per micro-batch (default: the recipe's)")
     parser.add_argument("--output", type=Path, default=ROOT / "results/bench_chunked_loss.json")
-    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)  # measure one value's memory, print JSON
+    parser.add_argument("--worker", type=Variant.parse, help=argparse.SUPPRESS)  # one value's memory, as JSON
     args = parser.parse_args()
     if args.worker is not None:
         print(json.dumps(measure_memory(args.worker, args)))
@@ -188,23 +218,26 @@ def main() -> None:
     from nmt.machine import machine
     from nmt.timing import interleaved_samples
 
+    variants = args.variants
     memory = {}
-    for chunk_tokens in args.chunks:
-        done = subprocess.run([sys.executable, "-m", "benchmarks.chunked_loss", "--worker", str(chunk_tokens),
+    for variant in variants:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.chunked_loss", "--worker", str(variant),
                                *sys.argv[1:]], cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
-            sys.exit(f"loss_chunk_tokens={chunk_tokens}: the memory worker failed (exit {done.returncode}): "
+            sys.exit(f"{variant}: the memory worker failed (exit {done.returncode}): "
                      f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
-        memory[str(chunk_tokens)] = json.loads(done.stdout.strip().splitlines()[-1])
+        memory[str(variant)] = {"loss_chunk_tokens": variant.chunk_tokens,
+                                "checkpoint_activations": variant.recompute,
+                                **json.loads(done.stdout.strip().splitlines()[-1])}
 
     job, env, amp_dtype, model, optimizer, batch = setup(args.device, args.precision, args.length, args.preset,
                                                          args.max_tokens)
-    identity = differences(model, batch, args.chunks, job, env, amp_dtype)
-    steps = {str(c): (lambda c=c: update(model, optimizer, batch, c, job, env, amp_dtype)) for c in args.chunks}
+    identity = differences(model, batch, variants, job, env, amp_dtype)
+    steps = {str(v): (lambda v=v: update(model, optimizer, batch, v, job, env, amp_dtype)) for v in variants}
     seconds = {name: statistics.median(t)
                for name, t in interleaved_samples(steps, args.repeats, env.device, warmup=1).items()}
 
-    reference = str(args.chunks[0])
+    reference = str(variants[0])
     rows = {name: {**memory[name], "update_s": seconds[name],
                    "update_peak_ratio": memory[reference]["update_peak_mib"] / memory[name]["update_peak_mib"],
                    "process_peak_ratio": memory[reference]["process_peak_mib"] / memory[name]["process_peak_mib"],
@@ -215,13 +248,13 @@ def main() -> None:
               "precision": args.precision, "model": args.preset, "vocab": job.data.vocab_size, "micro_batch": {
                   "sentences": batch.src.shape[0], "padded_tokens": batch.src.numel(),
                   "target_tokens": batch.target_tokens, "max_tokens": job.train.max_tokens},
-              "repeats": args.repeats, "by_loss_chunk_tokens": rows, "identity": identity}
+              "repeats": args.repeats, "by_variant": rows, "identity": identity}
     print(f"{report['machine']}; {args.preset} {args.precision}, vocabulary {job.data.vocab_size}, micro-batch "
           f"{batch.src.shape[0]} x {args.length} tokens ({batch.target_tokens} target tokens)")
-    print("loss_chunk_tokens  MiB: update peak (activations + above)  process peak  update s  peak ratios: update, "
-          "above activations, process  time")
+    print("variant (loss_chunk_tokens[+recompute])  MiB: update peak (activations + above)  process peak  update s"
+          "  peak ratios: update, above activations, process  time")
     for name, row in rows.items():
-        print(f"{name:>17s} {row['update_peak_mib']:16.0f} ({row['activations_mib']:.0f} + "
+        print(f"{name:>38s} {row['update_peak_mib']:16.0f} ({row['activations_mib']:.0f} + "
               f"{row['above_activations_mib']:.0f}) {row['process_peak_mib']:13.0f} {row['update_s']:9.2f}"
               f"   {row['update_peak_ratio']:6.2f}x {row['above_activations_ratio']:6.2f}x "
               f"{row['process_peak_ratio']:6.2f}x {row['time_ratio']:7.3f}")

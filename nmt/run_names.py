@@ -20,7 +20,7 @@ RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_mi
                   "log_every", "valid_every", "valid_bleu_sentences", "max_bad_updates", "output_dir", "device",
                   "threads", "compile", "deterministic", "attention", "tokens_per_update", "update_freq", "score_split", "score_lines",
                   "best_metric", "patience", "dry_run",
-                  "loss_chunk_tokens")
+                  "loss_chunk_tokens", "checkpoint_activations")
 # Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
 # digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
 DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines", "workers")

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from nmt.modeling import transformer
 from nmt.modeling.transformer import BOS, PAD, Transformer, reorder
 from nmt.modes import Norm, Position
 from tests.conftest import micro_config
@@ -154,3 +155,48 @@ def test_edge_buckets_build_n_rows_per_table_and_are_refused_outside_relative():
                              (dict(clip=4), "model.edge_buckets"), (dict(position=Position.both), "model.edge_buckets")):
         with pytest.raises(ConfigError, match=field):
             micro_config(**{"edge_buckets": 8, "clip": 12, **overrides}).check()
+
+
+def saved_bytes_and_grads(model: Transformer, src, tgt, recompute: bool):
+    """The bytes autograd keeps for the backward of a training forward (distinct storages, the parameters left
+    out), then the loss and every parameter's gradient; the same dropout masks whatever `recompute`."""
+    model.recompute_layers = recompute
+    model.zero_grad(set_to_none=True)
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    torch.manual_seed(1)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(src, tgt[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
+    loss.backward()
+    return sum(saved.values()), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("position", list(Position))
+def test_recomputed_layers_give_the_same_loss_and_gradients_from_fewer_saved_activations(position, monkeypatch):
+    """recompute_layers (train.checkpoint_activations) with dropout on, in fp32: the same loss and every parameter's
+    gradient, bit for bit (the recomputation draws the same dropout masks), while autograd keeps under a quarter of
+    the bytes for the backward (each layer's input instead of its activations)."""
+    model = small_model(position=position, dropout=0.3).train()
+    src = tokens(3, 9)
+    src[1, 6:] = PAD
+    tgt = torch.cat([torch.full((3, 1), BOS), tokens(3, 8, seed=2)], 1)
+    tgt[2, 5:] = PAD
+    kept, want_loss, want = saved_bytes_and_grads(model, src, tgt, recompute=False)
+    kept_recomputing, loss, got = saved_bytes_and_grads(model, src, tgt, recompute=True)
+    assert kept_recomputing < kept / 4, (kept_recomputing, kept)
+    assert torch.equal(loss, want_loss)
+    assert got.keys() == want.keys()
+    for name, grad in want.items():
+        assert torch.equal(got[name], grad), name
+    monkeypatch.setattr(transformer, "checkpoint", None)  # decoding, validation: no autograd, the layers as they are
+    with torch.no_grad():
+        incremental_logits(model.eval(), src, tgt)
+        model(src, tgt[:, :-1])

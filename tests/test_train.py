@@ -105,6 +105,26 @@ def test_exact_resume(prepared, tmp_path, model):
     assert not torch.equal(a["embed.weight"], params(tmp_path / "resumed" / "checkpoint_0000002.pt")["embed.weight"])
 
 
+def test_checkpoint_activations_trains_the_same_updates_and_may_change_on_resume(prepared, tmp_path, monkeypatch):
+    """train.checkpoint_activations=true recomputes the layers in the backward (the trainer sets it on the model) and
+    takes the same updates, bit for bit, with dropout on; a resume may turn it off (the run's identity leaves it
+    out)."""
+    from nmt.modeling import transformer
+
+    recomputed = []
+    checkpoint = transformer.checkpoint
+    monkeypatch.setattr(transformer, "checkpoint", lambda *a, **k: recomputed.append(1) or checkpoint(*a, **k))
+    run(job(prepared, tmp_path / "straight", max_steps=4))
+    assert not recomputed
+    run(job(prepared, tmp_path / "recomputed", max_steps=2, checkpoint_activations=True))
+    assert recomputed  # every layer of every micro-batch, in training
+    run(job(prepared, tmp_path / "recomputed", max_steps=4))  # resumed at 2 without it
+    assert load_checkpoint(tmp_path / "recomputed" / LAST)["step"] == 4
+    a, b = params(tmp_path / "straight" / LAST), params(tmp_path / "recomputed" / LAST)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
 def test_checkpoint_contents_and_retention(prepared, tmp_path):
     run(job(prepared, tmp_path, max_steps=8, keep_last=2, average_last=2))
     assert [p.name for p in numbered_checkpoints(tmp_path)] == ["checkpoint_0000006.pt", "checkpoint_0000008.pt"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from nmt.config import ModelConfig
 from nmt.data.vocab import BOS, EOS, PAD  # noqa: F401 (re-exported for decoding)
@@ -202,6 +203,16 @@ class Transformer(nn.Module):
         # t5, alibi, rope: built once per forward for each stack's self-attention layers
         self.encoder_self_positions = self_attention_positions(cfg, causal=False)
         self.decoder_self_positions = self_attention_positions(cfg, causal=True)
+        # train.checkpoint_activations (set by the trainer; not part of the model or its checkpoints): while autograd
+        # records, each layer keeps only its inputs for the backward, which runs the layer's forward again
+        self.recompute_layers = False
+
+    def _layer(self, layer: nn.Module, *args):
+        """layer(*args); with recompute_layers, while autograd records, under non-reentrant activation checkpointing,
+        which restores the RNG state for the recomputation: the same dropout masks, so the same loss and gradients."""
+        if self.recompute_layers and torch.is_grad_enabled():
+            return checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def _embed(self, tokens: Tensor, offset: int = 0, side: str = "encoder") -> Tensor:
         x = self.embed(tokens) * math.sqrt(self.cfg.d_model)  # (B, N, d)
@@ -219,7 +230,7 @@ class Transformer(nn.Module):
         x = self._embed(src)
         positions = stack_positions(self.encoder_self_positions, x, src.shape[1], 0, pad)
         for layer in self.encoder:
-            x = layer(x, pad, positions)
+            x = self._layer(layer, x, pad, positions)
         return self.encoder_norm(x)
 
     def start(self, memory: Tensor, src: Tensor) -> DecoderCache:
@@ -249,8 +260,8 @@ class Transformer(nn.Module):
         positions = stack_positions(self.decoder_self_positions, x, cache.step + tgt.shape[1], cache.step)
         layers = []
         for layer, layer_cache in zip(self.decoder, cache.layers):
-            x, layer_cache = layer(x, layer_cache, cache.src_pad, cache.step, positions, cache.order,
-                                   cache.source_mask or NO_POSITIONS)
+            x, layer_cache = self._layer(layer, x, layer_cache, cache.src_pad, cache.step, positions, cache.order,
+                                         cache.source_mask or NO_POSITIONS)
             layers.append(layer_cache)
         x = self.decoder_norm(x)  # (B, Nt, d)
         out = x if features_only else self.output_linear(x, self.output_weight)  # (B, Nt, V)

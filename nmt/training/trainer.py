@@ -51,6 +51,7 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)
         self.attention = AttentionBackend(self.cfg.attention, lazy=env.world_size == 1)  # DDP: checked at once, first
         self.model = Transformer(job.model, self.data.vocab_size, self.attention).to(env.device)
+        self.model.recompute_layers = self.cfg.checkpoint_activations  # before DDP and compile wrap it
         self.data_parallel, self.train_model = parallelize(self.model, env, self.cfg.compile)
         self.optimizer = make_optimizer(self.model, job.optim)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)

@@ -11,12 +11,18 @@ In one fresh process, as `relnmt-translate` runs them (the first --sentences of 
    between them (the profiled search's wall time less its ops' self time, on one thread);
 3. the search's work: the hypothesis rows the decoder ran (one row: one hypothesis, one step), against beam x the
    best hypotheses' tokens (EOS included), about what a search that stops when its best beam ends runs (CTranslate2's
-   rule); relnmt's exact rule stops a sentence only when no live beam can still win (nmt/decoding/search.py).
+   rule); relnmt's exact rule stops a sentence only when no live beam can still win (nmt/decoding/search.py);
+4. then a whole `python -m nmt.translate` process over the same lines (what benchmarks.decode_ratio times): its wall
+   seconds, against the phases above.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +37,20 @@ GROUPS = [("linear layers and output projection", ("linear", "addmm", "aten::mm"
 
 def group_of(name: str) -> str:
     return next((group for group, parts in GROUPS if any(part in name for part in parts)), "other ops")
+
+
+def translate_process_seconds(args) -> float:
+    """Wall seconds of one `python -m nmt.translate` over the same lines and search, with OMP_NUM_THREADS=threads."""
+    from benchmarks.deploy import TEST, test_lines
+
+    with tempfile.TemporaryDirectory() as folder:
+        source = Path(folder) / "source.en"
+        source.write_text("".join(f"{line}\n" for line in test_lines(str(TEST), "en", args.sentences)), encoding="utf-8")
+        clock = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={args.checkpoint}", f"input={source}",
+                        f"output={Path(folder) / 'out.de'}", f"beam={args.beam}", "device=cpu"], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, capture_output=True)
+        return time.perf_counter() - clock
 
 
 def main() -> None:
@@ -88,15 +108,17 @@ def main() -> None:
     for event in profile.key_averages():
         by_group[group_of(event.key)] = by_group.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1e6
     by_group["Python between ops (wall less ops)"] = profiled - sum(by_group.values())
+    whole = translate_process_seconds(args)
     best_tokens = sum(len(hyps[0].tokens) + 1 for hyps in found)
     report = {"checkpoint": str(args.checkpoint), "sentences": args.sentences, "beam": args.beam,
               "threads": args.threads, "machine": machine(cpu), "torch": torch.__version__,
-              "phases_s": {k: round(v, 3) for k, v in phases.items()},
+              "translate_process_s": round(whole, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()},
               "profiled_search_s": round(profiled, 3),
               "search_by_group_s": {k: round(v, 3) for k, v in sorted(by_group.items(), key=lambda kv: -kv[1])},
               "hypothesis_rows": sum(rows), "steps": len(rows), "best_tokens": best_tokens,
               "rows_over_beam_x_best_tokens": round(sum(rows) / (args.beam * best_tokens), 3)}
     print(f"{report['machine']}; {args.sentences} sentences, beam {args.beam}, {args.threads} thread(s)")
+    print(f"python -m nmt.translate: {whole:.2f} s")
     print("phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in report["phases_s"].items()))
     print(f"search under the profiler {profiled:.2f} s: " +
           ", ".join(f"{k} {v:.2f}" for k, v in report["search_by_group_s"].items()))

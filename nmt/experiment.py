@@ -108,6 +108,16 @@ def train_and_score(overrides: list[str], output: Path, split: str = "test", lin
     return {**result, "total_minutes": round((time.monotonic() - started) / 60, 2)}
 
 
+def summary(result: dict) -> str:
+    """What a trained and scored run prints: its scores, then its minutes: of training over every session of the run
+    (a resumed run's earlier ones too), and of this command."""
+    return (f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
+            f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
+            f"{tokenized_bleu_of(result):.2f}\n"
+            f"{result['updates']} updates; {result['train_minutes']:.1f} min of training (every session of the run), "
+            f"{result['total_minutes']:.1f} min in this command, on {result['device']}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog=program_name("nmt.experiment"), description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,11 +137,7 @@ def main(argv=None) -> int:
     if args.result:
         args.result.parent.mkdir(parents=True, exist_ok=True)
         write_json(args.result, result)
-    print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
-          f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
-          f"{tokenized_bleu_of(result):.2f}\n"
-          f"{result['updates']} updates; {result['train_minutes']:.1f} min of training, "
-          f"{result['total_minutes']:.1f} min in all on {result['device']}")
+    print(summary(result))
     return 0
 
 

@@ -21,11 +21,10 @@ import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line
-from nmt.experiment import train_and_score
+from nmt.experiment import summary, train_and_score
 from nmt.outputs import write_json
 from nmt.runtime.memory import retain_freed_memory
 from nmt.runtime.precision import experiment_cpu_precision
-from nmt.score import tokenized_bleu_of, tokenized_label
 
 
 def main() -> None:
@@ -47,11 +46,7 @@ def main() -> None:
     with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
         result = train_and_score(overrides, args.output, args.split, args.lines, command)
     write_json(args.output / "score.json", result)
-    print(f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
-          f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
-          f"{tokenized_bleu_of(result):.2f}\n"
-          f"{result['updates']} updates in {result['train_minutes']:.1f} min of training, "
-          f"{result['total_minutes']:.1f} min in all on {result['device']}; wrote {args.output / 'score.json'}")
+    print(f"{summary(result)}; wrote {args.output / 'score.json'}")
 
 
 if __name__ == "__main__":

@@ -163,10 +163,8 @@ class TrainConfig:
     deterministic: bool = False  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
     loss_chunk_tokens: int = 1024  # output layer and loss on this many tokens at a time, never whole logits; 0 = off
-    # Each encoder and decoder layer keeps only its input for the backward and runs its forward again there (same
-    # dropout masks, same gradients): most of a micro-batch's activations are gone, for one more forward of the layers
-    # (a base update: peak 4.56x lower than the whole logits', 1.33x the time; docs/benchmarks.md).
-    checkpoint_activations: bool = False
+    # why: the activations kept for the backward are most of an update's peak (docs/benchmarks.md: base, 4.56x lower)
+    checkpoint_activations: bool = False  # recompute each layer's forward in the backward: same gradients, less memory, ~1/3 more compute
     score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
     dry_run: bool = False  # print the job, its batch, parameters and a time estimate from a few timed updates; no run

@@ -101,6 +101,7 @@ def test_two_processes_stopped_and_rerun_end_bit_identical(prepared, uninterrupt
     assert_same_parameters(tmp_path / LAST, uninterrupted)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_rank_at_one_update_and_the_rerun_continues_bit_identically(
         prepared, uninterrupted, tmp_path):
     launcher = subprocess.Popen(torchrun(*overrides(prepared, tmp_path, save_every_steps=1000)), cwd=ROOT, env=ENV,
@@ -118,6 +119,7 @@ def test_sigterm_stops_every_rank_at_one_update_and_the_rerun_continues_bit_iden
     assert_same_parameters(tmp_path / LAST, uninterrupted)
 
 
+@pytest.mark.slow
 def test_a_killed_worker_restarts_the_group_which_ends_bit_identical(prepared, uninterrupted, tmp_path):
     launcher = subprocess.Popen(torchrun(*overrides(prepared, tmp_path), restarts=2), cwd=ROOT, env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

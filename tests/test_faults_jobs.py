@@ -59,6 +59,7 @@ def test_a_folder_of_another_model_is_one_line_and_keeps_its_record(prepared, tm
     assert (tmp_path / "config.yaml").read_text() == record
 
 
+@pytest.mark.slow
 def test_another_rate_for_t5s_tables_is_refused_on_resume_and_outside_t5(prepared, tmp_path):
     """optim.bias_lr_scale makes T5's tables an optimizer group of their own: a resume that would change the groups
     is one line (not load_state_dict's traceback), and the option refuses models with no such tables."""

@@ -310,6 +310,7 @@ configs:
 """
 
 
+@pytest.mark.slow
 def test_wmt14_prepares_offline_from_a_copy_of_the_hub_repository(tmp_path):
     """data=wmt14_en_de data.hub_name=DIR: a folder in the hub repository's layout (README configs, de-en/*.parquet,
     rows {"translation": {"de", "en"}}) prepares through the hub reader without network, as a cluster node does."""

@@ -58,8 +58,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the global data position after them
         self.update_freq = micro_batches(self.cfg, env.world_size)  # ConfigError: the recipe's batch is out of reach
-        self.skips = SkipGuard(self.cfg.max_bad_updates)
-        self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
+        self.skips, self.checkpoints = SkipGuard(self.cfg.max_bad_updates), Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype, self.cfg.loss_chunk_tokens)
         self.best = BestCheckpoint(env, self.out, self.cfg, partial(self.state_dict, saved_for="best"))

@@ -163,7 +163,7 @@ class TrainConfig:
     deterministic: bool = False  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
     loss_chunk_tokens: int = 1024  # output layer and loss on this many tokens at a time, never whole logits; 0 = off
-    checkpoint_activations: bool = False  # recompute each layer in the backward: same gradients, far less memory, ~1/3 more compute
+    checkpoint_activations: bool = False  # recompute each layer in the backward: same gradients, less memory
     score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
     score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
     dry_run: bool = False  # print the job, its batch, parameters and a time estimate from a few timed updates; no run

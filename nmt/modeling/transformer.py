@@ -184,7 +184,8 @@ class Transformer(nn.Module):
 
     backend: where relative self-attention may run the fused kernel (nmt/kernels/dispatch.py); None = PyTorch."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int, backend: AttentionBackend | None = None):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, backend: AttentionBackend | None = None,
+                 recompute_layers: bool = False):
         super().__init__()
         self.cfg = cfg = cfg.check()
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=PAD)
@@ -203,13 +204,10 @@ class Transformer(nn.Module):
         # t5, alibi, rope: built once per forward for each stack's self-attention layers
         self.encoder_self_positions = self_attention_positions(cfg, causal=False)
         self.decoder_self_positions = self_attention_positions(cfg, causal=True)
-        # train.checkpoint_activations (set by the trainer; not part of the model or its checkpoints): while autograd
-        # records, each layer keeps only its inputs for the backward, which runs the layer's forward again
-        self.recompute_layers = False
+        self.recompute_layers = recompute_layers  # train.checkpoint_activations: not the model's, nor saved with it
 
     def _layer(self, layer: nn.Module, *args):
-        """layer(*args); with recompute_layers, while autograd records, under non-reentrant activation checkpointing,
-        which restores the RNG state for the recomputation: the same dropout masks, so the same loss and gradients."""
+        """layer(*args); with recompute_layers and autograd on, run again in the backward (RNG restored: same masks)."""
         if self.recompute_layers and torch.is_grad_enabled():
             return checkpoint(layer, *args, use_reentrant=False)
         return layer(*args)

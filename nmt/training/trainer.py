@@ -50,15 +50,16 @@ class Trainer:
         check_ranks_agree(env, self.data.directory, self.data.fingerprint())  # before any rank trains on it
         torch.manual_seed(self.cfg.seed)
         self.attention = AttentionBackend(self.cfg.attention, lazy=env.world_size == 1)  # DDP: checked at once, first
-        self.model = Transformer(job.model, self.data.vocab_size, self.attention).to(env.device)
-        self.model.recompute_layers = self.cfg.checkpoint_activations  # before DDP and compile wrap it
+        self.model = Transformer(job.model, self.data.vocab_size, self.attention, self.cfg.checkpoint_activations)
+        self.model.to(env.device)
         self.data_parallel, self.train_model = parallelize(self.model, env, self.cfg.compile)
         self.optimizer = make_optimizer(self.model, job.optim)
         self.amp_dtype = autocast_dtype(self.cfg.precision, env.device)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype == torch.float16)
         self.step, self.epoch, self.batch_index = 0, 0, 0  # updates done; the global data position after them
         self.update_freq = micro_batches(self.cfg, env.world_size)  # ConfigError: the recipe's batch is out of reach
-        self.skips, self.checkpoints = SkipGuard(self.cfg.max_bad_updates), Checkpointer(env, self.out, self.cfg.keep_last)
+        self.skips = SkipGuard(self.cfg.max_bad_updates)
+        self.checkpoints = Checkpointer(env, self.out, self.cfg.keep_last)
         self.validate = Validator(self.data, job.data, self.cfg.max_tokens, self.cfg.valid_bleu_sentences,
                                   job.optim.label_smoothing, env, self.amp_dtype, self.cfg.loss_chunk_tokens)
         self.best = BestCheckpoint(env, self.out, self.cfg, partial(self.state_dict, saved_for="best"))
@@ -79,9 +80,8 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        for part in ("model", "optimizer", "scaler"):
+            getattr(self, part).load_state_dict(state[part])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], global_data_position(state)
         self.earlier_seconds = state.get("train_seconds", 0.0)
         self.best.load_state_dict(state.get("best"))

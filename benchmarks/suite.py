@@ -24,8 +24,9 @@ def timed(command: list[str], cwd: Path) -> dict:
     start = time.monotonic()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     lines = (done.stdout + done.stderr).strip().splitlines()
+    failed = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]  # pytest's short summary (-rfE)
     return {"command": " ".join(command), "seconds": round(time.monotonic() - start, 1), "exit": done.returncode,
-            "last_line": lines[-1] if lines else ""}
+            "last_line": lines[-1] if lines else "", **({"failed": failed} if failed else {})}
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
             step = timed(["make", target], clone)
             report["steps"].append(step)
             print(f"make {target}: {step['seconds'] / 60:.1f} min, exit {step['exit']}: {step['last_line']}",
-                  flush=True)
+                  *step.get("failed", []), sep="\n", flush=True)
             if step["exit"] != 0:
                 break
     write_report(args.output, report)

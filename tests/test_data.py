@@ -12,6 +12,7 @@ from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
 from nmt.data.encode import drop_reason
 from nmt.data.pipeline import prepare
 from nmt.data.shards import EncodedSplit
+from nmt.data.sources import read_split
 from nmt.data.vocab import Vocab
 from nmt.modeling.transformer import BOS, EOS, PAD
 from tests.conftest import ROOT, local_config, multi30k_lines
@@ -148,9 +149,42 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
         list(readers.read_lines(tmp_path / "bad.en"))
 
 
+AWKWARD_LINES = [b"\xef\xbb\xbfbom first\r\n", b"\n", b"crlf\r\n", b"two cr\r\r\n", b"lone \r inside\n",
+                 "next line \x85 and line separator \u2028 are not ends\n".encode(), b"   spaces kept  \n",
+                 "\ufeffa BOM past line 1 is text\n".encode(), b"no final newline"]
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 100])
+def test_lines_decoded_a_block_at_a_time_are_the_lines_decoded_one_by_one(tmp_path, size):
+    """The block decoder against the rule it replaces, applied line by line: strict UTF-8, LF or CRLF cut, a BOM cut
+    on line 1 only, nothing else touched."""
+    one_by_one = [raw.decode("utf-8").removeprefix("\ufeff" if number == 1 else "").rstrip("\r\n")
+                  for number, raw in enumerate(AWKWARD_LINES, 1)]
+    (tmp_path / "a.en").write_bytes(b"".join(AWKWARD_LINES))
+    (tmp_path / "a.de").write_bytes(b"".join(AWKWARD_LINES))
+    with open(tmp_path / "a.en", "rb") as f:
+        blocks = list(readers.raw_blocks(f, size))
+    starts = [1 + sum(map(len, blocks[:i])) for i in range(len(blocks))]
+    assert [line for first, raw in zip(starts, blocks) for line in readers.decode_lines(tmp_path / "a.en", raw, first)
+            ] == one_by_one == list(readers.read_lines(tmp_path / "a.en"))
+    pairs = [pair for block in readers.line_blocks(tmp_path / "a.en", tmp_path / "a.de", size) for pair in block.pairs()]
+    assert pairs == list(zip(one_by_one, one_by_one))
+
+
+@pytest.mark.parametrize("src_bad, tgt_bad, reported", [(5, 3, "a.de:3"), (3, 5, "a.en:3"), (3, 3, "a.en:3")])
+def test_of_two_bad_lines_in_a_block_the_first_a_pair_reader_meets_is_reported(tmp_path, src_bad, tgt_bad, reported):
+    for name, bad in (("a.en", src_bad), ("a.de", tgt_bad)):
+        lines = [b"fine\n"] * 6
+        lines[bad - 1] = b"bro\xffken\n"
+        (tmp_path / name).write_bytes(b"".join(lines))
+    block, = readers.line_blocks(tmp_path / "a.en", tmp_path / "a.de", 10)
+    with pytest.raises(readers.DataError, match=rf"/{reported}: invalid UTF-8 at byte 3 \(invalid start byte\)"):
+        block.pairs()
+
+
 def test_missing_file_names_its_path(tmp_path):
-    with pytest.raises(readers.DataError, match="missing file: .*nothing.en"):
-        list(readers.read_local(str(tmp_path / "nothing"), "en", "de"))
+    with pytest.raises(readers.DataError, match=r"missing file: .*/train\.en \(or .*/train\.en\.gz\)"):
+        list(read_split(local_config(tmp_path), "train"))
 
 
 def test_hub_rows_with_the_wmt14_schema():

@@ -22,7 +22,7 @@ from nmt.checkpoints.resume import check_same_data
 from nmt.data import encode, pipeline
 from nmt.data.batching import training_stream
 from nmt.data.pipeline import open_prepared, prepare, prepared_dir
-from nmt.data.readers import DataError
+from nmt.data.readers import DataError, PairBlock
 from nmt.data.shards import ShardWriter
 from nmt.data.vocab import Vocab
 from tests.conftest import ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines, write
@@ -190,6 +190,12 @@ def test_a_bad_line_is_the_same_error_on_workers(corpus):
         with pytest.raises(DataError, match=rf"^parallel files differ in length: {corpus}/test.en has 15 "
                                                     rf"lines, {corpus}/test.de has 14 lines"):
             prepare(cfg)
+    test_en = (corpus / "test.en").read_bytes()  # and a bad line before the short end: its error comes first, even
+    (corpus / "test.en").write_bytes(test_en.replace(b"\n", b" \xff\n", 2).replace(b" \xff\n", b"\n", 1))
+    for workers in (1, 2):  # with its block still in a worker when the short end is read (3 blocks, 4 in flight)
+        cfg = local_config(corpus, chunk_lines=5, workers=workers, prepared_dir=str(corpus / f"w{workers}"))
+        with pytest.raises(DataError, match=rf"^{corpus}/test.en:2: invalid UTF-8"):
+            prepare(cfg)
 
 
 def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypatch):
@@ -198,11 +204,11 @@ def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypat
     cfg = local_config(corpus, chunk_lines=2, workers=2)
     vocab = Vocab(prepare(local_config(corpus)) / "spm.model")
 
-    def pairs_then_ctrl_c(*_):
-        yield from [("a b", "c d")] * 6  # 3 chunks: fewer than the 4 in flight, so no result is waited for
+    def blocks_then_ctrl_c(*_):
+        yield from [PairBlock([("a b", "c d")] * 2)] * 3  # fewer than the 4 in flight, so no result is waited for
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(encode, "read_split", pairs_then_ctrl_c)
+    monkeypatch.setattr(encode, "read_blocks", blocks_then_ctrl_c)
     monkeypatch.setattr(encode, "encode_chunk", lambda *args: time.sleep(60))  # the forked workers' too
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):

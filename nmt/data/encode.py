@@ -1,7 +1,7 @@
-"""A split's raw pairs -> filtered, encoded and binarized shards, on data.workers processes: the parent reads (so
-a reading error is the same error on any number of workers), each worker encodes a chunk of data.chunk_lines pairs
-with the shared vocabulary, and the chunks are written in input order, the same bytes as one worker writes. Memory
-is two chunks a worker, whatever the corpus."""
+"""A split's raw pairs -> filtered, encoded and binarized shards, on data.workers processes: the parent reads the
+files' lines undecoded, data.chunk_lines at a time, each worker decodes (with the one-worker errors, raised in input
+order) and encodes a chunk with the shared vocabulary, and the chunks are written in input order, the same bytes as
+one worker writes. Memory is two chunks a worker, whatever the corpus."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.config import DataConfig
-from nmt.data.readers import DataError
+from nmt.data.readers import DataError, LineBlock, PairBlock
 from nmt.data.shards import Packed, ShardWriter, pack
-from nmt.data.sources import read_split
+from nmt.data.sources import read_blocks
 from nmt.data.vocab import Vocab
 from nmt.progress import ProgressBar
 from nmt.workers import worker_pool
+
+Block = LineBlock | PairBlock
 
 
 def drop_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
@@ -33,12 +35,6 @@ def drop_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> s
     return None
 
 
-def _chunks(pairs, size):
-    iterator = iter(pairs)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
-
 @dataclass
 class EncodedChunk:
     """One chunk of a split, encoded: the pairs it keeps, what it read and dropped, and (valid and test, which keep
@@ -50,8 +46,9 @@ class EncodedChunk:
     lines: tuple[list[str], list[str]] | None
 
 
-def encode_chunk(pairs: list[tuple[str, str]], vocab: Vocab, cfg: DataConfig, split: str) -> EncodedChunk:
-    """Encode one chunk of raw pairs. Training pairs are filtered; valid/test keep every line."""
+def encode_chunk(block: Block, vocab: Vocab, cfg: DataConfig, split: str) -> EncodedChunk:
+    """Decode and encode one block of raw pairs. Training pairs are filtered; valid/test keep every line."""
+    pairs = block.pairs()
     sources = [s.strip() for s, _ in pairs]
     targets = [t.strip() for _, t in pairs]
     # one thread: the cores are shared out as worker processes, which also run the Python work around the encode
@@ -77,32 +74,37 @@ def _load_worker(spm_model: bytes, cfg: DataConfig, split: str) -> None:
     _worker_job = Vocab(model_proto=spm_model), cfg, split
 
 
-def _encode_in_worker(pairs: list[tuple[str, str]]) -> EncodedChunk:
-    return encode_chunk(pairs, *_worker_job)
+def _encode_in_worker(block: Block) -> EncodedChunk:
+    return encode_chunk(block, *_worker_job)
 
 
 def encoded_chunks(cfg: DataConfig, split: str, vocab: Vocab, workers: int) -> Iterator[EncodedChunk]:
-    """encode_chunk over the split's chunks of cfg.chunk_lines pairs, in input order, on `workers` processes.
+    """encode_chunk over the split's blocks of cfg.chunk_lines pairs, in input order, on `workers` processes.
 
-    The pairs are read here (a reading error is raised here, as with one process) and at most 2 chunks per worker
-    are in flight, so memory is bounded by the workers and the chunk, not by the corpus. A split of one chunk is
-    encoded here: a pool has nothing to share out."""
-    chunks = _chunks(read_split(cfg, split), cfg.chunk_lines)
-    first = next(chunks, None)
-    second = next(chunks, None) if first is not None and workers > 1 else None
+    At most 2 blocks per worker are in flight, so memory is bounded by the workers and the chunk, not by the corpus;
+    an error of the files' (lines that differ in count) waits for the blocks before it, whose errors come first. A
+    split of one block is encoded here: a pool has nothing to share out."""
+    blocks = read_blocks(cfg, split, cfg.chunk_lines)
+    first = next(blocks, None)
+    second = next(blocks, None) if first is not None and workers > 1 else None
     if second is None:
-        for chunk in itertools.chain([first] if first is not None else [], chunks):
-            yield encode_chunk(chunk, vocab, cfg, split)
+        for block in itertools.chain([first] if first is not None else [], blocks):
+            yield encode_chunk(block, vocab, cfg, split)
         return
-    chunks = itertools.chain([first, second], chunks)
-    del first, second  # held by the chain until it is past them: memory is the window of chunks in flight
+    blocks = itertools.chain([first, second], blocks)
+    del first, second  # held by the chain until it is past them: memory is the window of blocks in flight
     with worker_pool(workers, _load_worker, (vocab.model_proto(), cfg, split)) as pool:
         in_flight = deque()
-        for chunk in chunks:
-            in_flight.append(pool.submit(_encode_in_worker, chunk))
-            del chunk  # the worker's copy is the one in flight
-            if len(in_flight) >= 2 * workers:
+        try:
+            for block in blocks:
+                in_flight.append(pool.submit(_encode_in_worker, block))
+                del block  # the worker's copy is the one in flight
+                if len(in_flight) >= 2 * workers:
+                    yield _result(in_flight.popleft(), cfg, workers)
+        except DataError:
+            while in_flight:  # the blocks read before the error: theirs come first, as on one worker
                 yield _result(in_flight.popleft(), cfg, workers)
+            raise
         while in_flight:
             yield _result(in_flight.popleft(), cfg, workers)
 
@@ -110,6 +112,8 @@ def encoded_chunks(cfg: DataConfig, split: str, vocab: Vocab, workers: int) -> I
 def _result(task, cfg: DataConfig, workers: int) -> EncodedChunk:
     try:
         return task.result()
+    except DataError as err:  # a bad line, found by the worker: the one line the user reads, as on one worker
+        raise err.with_traceback(None) from None
     except BrokenProcessPool:  # killed from outside: the OOM killer, most likely
         raise DataError(f"a worker of prepare's encode ended before its chunk was done (out of memory?): lower "
                         f"data.workers={workers} or data.chunk_lines={cfg.chunk_lines}") from None

@@ -22,7 +22,7 @@ from nmt.data import readers
 from nmt.data.readers import DataError
 from nmt.data.encode import write_split
 from nmt.data.shards import EncodedSplit
-from nmt.data.sources import SPLITS, manifest_key, prepared_offline, read_split
+from nmt.data.sources import SPLITS, manifest_key, prepared_offline, read_blocks
 from nmt.data.vocab import Vocab, train_vocab
 from nmt.outputs import remove_stale_temporaries, temporary_name
 from nmt.progress import ProgressBar
@@ -99,12 +99,13 @@ def data_identity(key: dict) -> dict:
 def _write_vocab_input(cfg: DataConfig, path: Path) -> int:
     """Both sides of the training text, one sentence per line, for SentencePiece."""
     lines = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for src, tgt in ProgressBar(read_split(cfg, "train"), desc="collect vocab text", unit=" pairs", leave=False):
-            for sentence in (src.strip(), tgt.strip()):
-                if sentence:
-                    f.write(sentence + "\n")
-                    lines += 1
+    with open(path, "w", encoding="utf-8") as f, \
+            ProgressBar(desc="collect vocab text", unit=" pairs", leave=False) as bar:
+        for block in read_blocks(cfg, "train", readers.BLOCK_LINES):
+            sentences = [sentence for pair in block.pairs() for sentence in map(str.strip, pair) if sentence]
+            f.write("".join(sentence + "\n" for sentence in sentences))
+            lines += len(sentences)
+            bar.update(len(block))
     return lines
 
 

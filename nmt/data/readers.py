@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import UserError
@@ -36,49 +38,110 @@ def _open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
+BLOCK_LINES = 10_000  # lines decoded at a time where no chunk size is asked for
+
+
+def raw_blocks(f, size: int) -> Iterator[list[bytes]]:
+    """A binary file's lines, `size` at a time, undecoded (terminators kept): one readline each, in C."""
+    while block := list(itertools.islice(f, size)):
+        yield block
+
+
+def decode_lines(path: Path, raw: list[bytes], first: int) -> list[str]:
+    """Lines first, first + 1, ... of `path` as read (raw_blocks) -> text: strict UTF-8, without terminators (LF or
+    CRLF) and, on line 1, without a BOM. A bad byte is a DataError naming file, line and byte, with the line number
+    in its `line` attribute (which of two files' errors comes first)."""
+    try:
+        text = b"".join(raw).decode("utf-8")  # one C call: decoding line by line costs the reader most of its time
+    except UnicodeDecodeError as err:
+        number, start = first, err.start
+        for line in raw:
+            if start < len(line):
+                break
+            start -= len(line)
+            number += 1
+        error = DataError(f"{path}:{number}: invalid UTF-8 at byte {start} ({err.reason}); re-encode the file as "
+                          f"UTF-8")
+        error.line = number
+        raise error from None
+    lines = [line.rstrip("\r") for line in text.split("\n")[:len(raw)]]
+    if first == 1 and lines:
+        lines[0] = lines[0].removeprefix("\ufeff")
+    return lines
+
+
 def read_lines(path: Path) -> Iterator[str]:
     """Decoded lines of a plain or gzipped text file, without terminators."""
     if not path.is_file():
         raise DataError(f"missing file: {path}")
     with _open_binary(path) as f:
-        for number, raw in enumerate(f, 1):
+        first = 1
+        for raw in raw_blocks(f, BLOCK_LINES):
+            yield from decode_lines(path, raw, first)
+            first += len(raw)
+
+
+@dataclass
+class LineBlock:
+    """Aligned lines first, first + 1, ... of a source and a target file, undecoded: reading one costs a readline a
+    line, so that prepare's parent reads and its workers decode (pairs), with read_lines' errors."""
+
+    paths: tuple[Path, Path]
+    first: int
+    raw: tuple[list[bytes], list[bytes]]
+
+    def __len__(self) -> int:
+        return len(self.raw[0])
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(source, target) text; of two bad lines, the error of the one a pair-by-pair reader meets first."""
+        sides, errors = [], []
+        for path, raw in zip(self.paths, self.raw):
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{path}:{number}: invalid UTF-8 at byte {err.start} ({err.reason}); "
-                                f"re-encode the file as UTF-8") from None
-            if number == 1:
-                line = line.removeprefix("\ufeff")
-            yield line.rstrip("\r\n")
+                sides.append(decode_lines(path, raw, self.first))
+            except DataError as err:
+                errors.append(err)
+        if errors:
+            raise min(errors, key=lambda err: err.line)  # min keeps the source's on a tie, as the reader would
+        return list(zip(*sides))
 
 
-def read_parallel(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
-    """Pairs from two line-aligned files; different line counts are an error naming both."""
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    count = 0
-    while True:
-        src, tgt = next(src_lines, None), next(tgt_lines, None)
-        if src is None or tgt is None:
-            break
-        count += 1
-        yield src, tgt
-    if src is not None or tgt is not None:
-        src_total = count + (src is not None) + sum(1 for _ in src_lines)
-        tgt_total = count + (tgt is not None) + sum(1 for _ in tgt_lines)
-        raise DataError(
-            f"parallel files differ in length: {src_path} has {src_total} lines, "
-            f"{tgt_path} has {tgt_total} lines; they must be line-aligned"
-        )
+@dataclass
+class PairBlock:
+    """Pairs read as text already (the hub's rows)."""
+
+    items: list[tuple[str, str]]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return self.items
 
 
-def read_local(prefix: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
-    """data=local: PREFIX.<src> and PREFIX.<tgt>, plain or .gz."""
-    return read_parallel(find_file(prefix, src), find_file(prefix, tgt))
+def pair_blocks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[PairBlock]:
+    while block := list(itertools.islice(pairs, size)):
+        yield PairBlock(block)
 
 
-def read_multi30k(root: str, split: str, src: str, tgt: str) -> Iterator[tuple[str, str]]:
-    """The bundled Multi30k task 1 corpus: {train,val,test_2016_flickr}.<lang>.gz under root."""
-    return read_local(multi30k_prefix(root, split), src, tgt)
+def line_blocks(src_path: Path, tgt_path: Path, size: int) -> Iterator[LineBlock]:
+    """Two line-aligned files, `size` lines of each at a time; different line counts are an error naming both,
+    raised after the last aligned block (whose own errors come first)."""
+    with _open_binary(src_path) as src_file, _open_binary(tgt_path) as tgt_file:
+        first = 1
+        while True:
+            src, tgt = list(itertools.islice(src_file, size)), list(itertools.islice(tgt_file, size))
+            aligned = min(len(src), len(tgt))
+            if aligned:
+                yield LineBlock((src_path, tgt_path), first, (src[:aligned], tgt[:aligned]))
+            if len(src) != len(tgt):
+                src_total = first - 1 + len(src) + sum(1 for _ in src_file)
+                tgt_total = first - 1 + len(tgt) + sum(1 for _ in tgt_file)
+                raise DataError(f"parallel files differ in length: {src_path} has {src_total} lines, {tgt_path} "
+                                f"has {tgt_total} lines; they must be line-aligned")
+            if len(src) < size:
+                return
+            first += size
 
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # where the bundled corpus ships (data/multi30k)

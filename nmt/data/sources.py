@@ -13,15 +13,21 @@ FORMAT_VERSION = 1
 SPLITS = ("train", "valid", "test")
 
 
-def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
-    if cfg.name == "multi30k":
-        return readers.read_multi30k(cfg.root, split, cfg.src, cfg.tgt)
-    if cfg.name == "local":
-        return readers.read_local(_local_prefix(cfg, split), cfg.src, cfg.tgt)
+def read_blocks(cfg: DataConfig, split: str, size: int) -> Iterator[readers.LineBlock | readers.PairBlock]:
+    """A split's pairs, `size` at a time, each block's text read by its pairs(): files are read here and decoded
+    there (by prepare's workers)."""
+    if cfg.name in ("multi30k", "local"):
+        prefix = readers.multi30k_prefix(cfg.root, split) if cfg.name == "multi30k" else _local_prefix(cfg, split)
+        return readers.line_blocks(readers.find_file(prefix, cfg.src), readers.find_file(prefix, cfg.tgt), size)
     if cfg.name == "wmt14":
         rows = readers.load_hub_split(cfg.hub_name, cfg.hub_config, split)
-        return readers.pairs_from_hub_split(rows, cfg.src, cfg.tgt)
+        return readers.pair_blocks(readers.pairs_from_hub_split(rows, cfg.src, cfg.tgt), size)
     raise readers.DataError(f"unknown data.name={cfg.name!r}: expected multi30k, local or wmt14")
+
+
+def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+    """A split's (source, target) pairs, in order."""
+    return (pair for block in read_blocks(cfg, split, readers.BLOCK_LINES) for pair in block.pairs())
 
 
 def _local_prefix(cfg: DataConfig, split: str) -> str:

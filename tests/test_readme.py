@@ -230,7 +230,7 @@ def test_every_readme_command_runs(tmp_path):
     venv_bin = copy / ".venv" / "bin"
     env = {**os.environ, "PYTHONPATH": str(copy), "PATH": f"{venv_bin}:{os.environ['PATH']}"}
     env.pop("TRITON_INTERPRET", None)  # as a user's shell has it
-    ran, skipped = [], []
+    ran, skipped, failed = [], [], []
     for command in all_commands(copy):
         kind, what = plan(command)
         if kind != "run":
@@ -239,9 +239,10 @@ def test_every_readme_command_runs(tmp_path):
         done = subprocess.run(["bash", "-c", what], cwd=copy, env=env, capture_output=True, text=True, timeout=900,
                               check=False)
         output = done.stdout + done.stderr
-        assert done.returncode == 0 and "Traceback (most recent call last)" not in output, \
-            f"doc command failed: {command}\nran: {what}\nexit {done.returncode}\n{output[-4000:]}"
+        if done.returncode != 0 or "Traceback (most recent call last)" in output:  # the rest still run: CI names all
+            failed.append(f"doc command failed: {command}\nran: {what}\nexit {done.returncode}\n{output[-3000:]}")
         ran.append(command)
+    assert not failed, "\n\n".join(failed)
     assert len(ran) >= 20, ran
     print(f"ran {len(ran)} doc commands; skipped {len(skipped)}:", *(f"  {c}: {w}" for c, w in skipped), sep="\n")
 

@@ -13,7 +13,8 @@ import ctypes
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 
@@ -63,3 +64,22 @@ def worker_pool(workers: int, initializer: Callable[..., None], initargs: tuple 
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def map_in_order(pool: ProcessPoolExecutor, function: Callable, items: Iterable, window: int) -> Iterator:
+    """function(item) for each item on the pool, results in input order, at most `window` in flight (memory is the
+    window, not the input). An error raised by `items` itself (the reader) comes after the results of the items read
+    before it, whose own errors come first: the order one process would meet them in."""
+    in_flight = deque()
+    try:
+        for item in items:
+            in_flight.append(pool.submit(function, item))
+            del item  # the worker's copy is the one in flight
+            if len(in_flight) >= window:
+                yield in_flight.popleft().result()
+    except Exception:
+        while in_flight:
+            yield in_flight.popleft().result()
+        raise
+    while in_flight:
+        yield in_flight.popleft().result()

@@ -91,7 +91,7 @@ def test_workers_write_the_same_bytes_as_one_worker(corpus, monkeypatch):
     one = folder_bytes(prepare(local_config(corpus, workers=1, prepared_dir=str(corpus / "one"), **settings)))
     assert pools == []
     three = folder_bytes(prepare(local_config(corpus, workers=3, prepared_dir=str(corpus / "three"), **settings)))
-    assert pools == [3, 3, 3]  # train, valid and test each on a pool
+    assert pools == [3, 3, 3, 3]  # the vocabulary text, then train, valid and test, each on a pool
     stats = json.loads(one["manifest.json"])["stats"]
     assert {"dropped_empty", "dropped_too_long", "dropped_ratio", "dropped_src_words"} <= set(stats["train"])
     assert one.keys() == three.keys() and all(one[name] == three[name] for name in one), \

@@ -190,6 +190,16 @@ def test_a_bad_line_is_the_same_error_on_workers(corpus):
         with pytest.raises(DataError, match=rf"^parallel files differ in length: {corpus}/test.en has 15 "
                                                     rf"lines, {corpus}/test.de has 14 lines"):
             prepare(cfg)
+    (corpus / "test.de").write_text("\n".join(test_de))
+    train_de = (corpus / "train.de").read_bytes()  # the training text, read first for the vocabulary: the same
+    (corpus / "train.de").write_bytes(train_de.replace(b"\n", b"\n\xc3(", 999).replace(b"\n\xc3(", b"\n", 998))
+    for workers in (1, 2):
+        cfg = local_config(corpus, chunk_lines=300, workers=workers, prepared_dir=str(corpus / f"w{workers}"))
+        with pytest.raises(DataError, match=rf"^{corpus}/train.de:1000: invalid UTF-8 at byte 0 \(invalid "
+                                                    rf"continuation byte\)"):
+            prepare(cfg)
+    (corpus / "train.de").write_bytes(train_de)
+    (corpus / "test.de").write_text("\n".join(test_de[:-2]) + "\n")
     test_en = (corpus / "test.en").read_bytes()  # and a bad line before the short end: its error comes first, even
     (corpus / "test.en").write_bytes(test_en.replace(b"\n", b" \xff\n", 2).replace(b" \xff\n", b"\n", 1))
     for workers in (1, 2):  # with its block still in a worker when the short end is read (3 blocks, 4 in flight)
@@ -212,7 +222,7 @@ def test_an_interrupted_pool_ends_at_once_and_leaves_no_worker(corpus, monkeypat
     monkeypatch.setattr(encode, "encode_chunk", lambda *args: time.sleep(60))  # the forked workers' too
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        list(encode.encoded_chunks(cfg, "train", vocab, workers=2))
+        list(encode.map_blocks(cfg, "train", 2, vocab))
     assert time.monotonic() - start < 20
     assert multiprocessing.active_children() == []
 
@@ -224,7 +234,7 @@ def test_a_worker_killed_from_outside_is_one_line(corpus, monkeypatch):
     monkeypatch.setattr(encode, "encode_chunk", lambda *args: encode_here(*args) if os.getpid() == parent
                         else os._exit(1))  # a forked worker dies at its first chunk
     monkeypatch.setattr(pipeline, "worker_count", lambda _: 2)
-    with pytest.raises(DataError, match="a worker of prepare's encode ended before its chunk was done "
+    with pytest.raises(DataError, match="a worker of prepare ended before its chunk was done "
                                                 r"\(out of memory\?\): lower data.workers=2 or data.chunk_lines=400"):
         prepare(local_config(corpus))
     assert not [p for p in corpus.iterdir() if "prepared" in p.name]

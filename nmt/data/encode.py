@@ -1,13 +1,14 @@
-"""A split's raw pairs -> filtered, encoded and binarized shards, on data.workers processes: the parent reads the
-files' lines undecoded, data.chunk_lines at a time, each worker decodes (with the one-worker errors, raised in input
-order) and encodes a chunk with the shared vocabulary, and the chunks are written in input order, the same bytes as
-one worker writes. Memory is two chunks a worker, whatever the corpus."""
+"""A split's raw pairs -> the vocabulary's training text, and filtered, encoded and binarized shards, on data.workers
+processes: the parent reads the files' lines undecoded, data.chunk_lines at a time, each worker decodes a block (with
+the one-worker errors, raised in input order) and makes it text or encodes it with the shared vocabulary, and the
+blocks are written in input order, the same bytes as one worker writes. Memory is two chunks a worker, whatever the
+corpus."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from nmt.data.shards import Packed, ShardWriter, pack
 from nmt.data.sources import read_blocks
 from nmt.data.vocab import Vocab
 from nmt.progress import ProgressBar
-from nmt.workers import worker_pool
+from nmt.workers import map_in_order, worker_pool
 
 Block = LineBlock | PairBlock
 
@@ -66,56 +67,48 @@ def encode_chunk(block: Block, vocab: Vocab, cfg: DataConfig, split: str) -> Enc
                         None if split == "train" else (sources, targets))
 
 
+def vocab_text(block: Block) -> tuple[bytes, int]:
+    """A block's sentences for the vocabulary, UTF-8 (what the parent writes as it is): both sides, stripped, the
+    empty ones left out, one a line."""
+    sentences = [sentence for pair in block.pairs() for sentence in map(str.strip, pair) if sentence]
+    return "".join(sentence + "\n" for sentence in sentences).encode(), len(sentences)
+
+
 _worker_job: tuple | None = None  # a pool worker's (vocab, cfg, split), loaded once by _load_worker
 
 
-def _load_worker(spm_model: bytes, cfg: DataConfig, split: str) -> None:
+def _load_worker(spm_model: bytes | None, cfg: DataConfig, split: str) -> None:
     global _worker_job
-    _worker_job = Vocab(model_proto=spm_model), cfg, split
+    _worker_job = Vocab(model_proto=spm_model) if spm_model else None, cfg, split
 
 
 def _encode_in_worker(block: Block) -> EncodedChunk:
     return encode_chunk(block, *_worker_job)
 
 
-def encoded_chunks(cfg: DataConfig, split: str, vocab: Vocab, workers: int) -> Iterator[EncodedChunk]:
-    """encode_chunk over the split's blocks of cfg.chunk_lines pairs, in input order, on `workers` processes.
-
-    At most 2 blocks per worker are in flight, so memory is bounded by the workers and the chunk, not by the corpus;
-    an error of the files' (lines that differ in count) waits for the blocks before it, whose errors come first. A
-    split of one block is encoded here: a pool has nothing to share out."""
+def map_blocks(cfg: DataConfig, split: str, workers: int, vocab: Vocab | None = None) -> Iterator:
+    """The split's blocks of cfg.chunk_lines pairs, each encoded (encode_chunk with vocab) or, without a vocabulary,
+    made vocabulary text (vocab_text), in input order, on `workers` processes; a split of one block is done here,
+    where a pool has nothing to share out. At most 2 blocks per worker are in flight, so memory is bounded by the
+    workers and the chunk, not by the corpus; errors come in input order, as on one worker."""
+    here = vocab_text if vocab is None else (lambda block: encode_chunk(block, vocab, cfg, split))
     blocks = read_blocks(cfg, split, cfg.chunk_lines)
     first = next(blocks, None)
     second = next(blocks, None) if first is not None and workers > 1 else None
     if second is None:
         for block in itertools.chain([first] if first is not None else [], blocks):
-            yield encode_chunk(block, vocab, cfg, split)
+            yield here(block)
         return
     blocks = itertools.chain([first, second], blocks)
     del first, second  # held by the chain until it is past them: memory is the window of blocks in flight
-    with worker_pool(workers, _load_worker, (vocab.model_proto(), cfg, split)) as pool:
-        in_flight = deque()
-        try:
-            for block in blocks:
-                in_flight.append(pool.submit(_encode_in_worker, block))
-                del block  # the worker's copy is the one in flight
-                if len(in_flight) >= 2 * workers:
-                    yield _result(in_flight.popleft(), cfg, workers)
-        except DataError:
-            while in_flight:  # the blocks read before the error: theirs come first, as on one worker
-                yield _result(in_flight.popleft(), cfg, workers)
-            raise
-        while in_flight:
-            yield _result(in_flight.popleft(), cfg, workers)
-
-
-def _result(task, cfg: DataConfig, workers: int) -> EncodedChunk:
+    setup = (None if vocab is None else vocab.model_proto(), cfg, split)
     try:
-        return task.result()
-    except DataError as err:  # a bad line, found by the worker: the one line the user reads, as on one worker
+        with worker_pool(workers, _load_worker, setup) as pool:
+            yield from map_in_order(pool, vocab_text if vocab is None else _encode_in_worker, blocks, 2 * workers)
+    except DataError as err:  # a bad line, found by a worker: the one line the user reads, as on one worker
         raise err.with_traceback(None) from None
     except BrokenProcessPool:  # killed from outside: the OOM killer, most likely
-        raise DataError(f"a worker of prepare's encode ended before its chunk was done (out of memory?): lower "
+        raise DataError(f"a worker of prepare ended before its chunk was done (out of memory?): lower "
                         f"data.workers={workers} or data.chunk_lines={cfg.chunk_lines}") from None
 
 
@@ -127,7 +120,7 @@ def write_split(cfg: DataConfig, split: str, vocab: Vocab, out: Path, workers: i
     counts = Counter()
     # closed here, however this ends: an error while writing ends the workers at once, not when collected
     with ProgressBar(desc=f"encode {split}", unit=" pairs", leave=False) as bar, \
-            contextlib.closing(encoded_chunks(cfg, split, vocab, workers)) as chunks:
+            contextlib.closing(map_blocks(cfg, split, workers, vocab)) as chunks:
         for encoded in chunks:
             counts.update(encoded.counts)
             if encoded.lines is not None:

@@ -8,6 +8,7 @@ rebuilds.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -20,9 +21,9 @@ from pathlib import Path
 from nmt.config import DataConfig
 from nmt.data import readers
 from nmt.data.readers import DataError
-from nmt.data.encode import write_split
+from nmt.data.encode import map_blocks, write_split
 from nmt.data.shards import EncodedSplit
-from nmt.data.sources import SPLITS, manifest_key, prepared_offline, read_blocks
+from nmt.data.sources import SPLITS, manifest_key, prepared_offline
 from nmt.data.vocab import Vocab, train_vocab
 from nmt.outputs import remove_stale_temporaries, temporary_name
 from nmt.progress import ProgressBar
@@ -96,16 +97,16 @@ def data_identity(key: dict) -> dict:
     return {**key, "inputs": {split: files for split, files in key.get("inputs", {}).items() if split != "test"}}
 
 
-def _write_vocab_input(cfg: DataConfig, path: Path) -> int:
+def _write_vocab_input(cfg: DataConfig, path: Path, workers: int) -> int:
     """Both sides of the training text, one sentence per line, for SentencePiece."""
     lines = 0
-    with open(path, "w", encoding="utf-8") as f, \
-            ProgressBar(desc="collect vocab text", unit=" pairs", leave=False) as bar:
-        for block in read_blocks(cfg, "train", readers.BLOCK_LINES):
-            sentences = [sentence for pair in block.pairs() for sentence in map(str.strip, pair) if sentence]
-            f.write("".join(sentence + "\n" for sentence in sentences))
-            lines += len(sentences)
-            bar.update(len(block))
+    with open(path, "wb") as f, \
+            ProgressBar(desc="collect vocab text", unit=" lines", leave=False) as bar, \
+            contextlib.closing(map_blocks(cfg, "train", workers)) as blocks:
+        for text, sentences in blocks:
+            f.write(text)
+            lines += sentences
+            bar.update(sentences)
     return lines
 
 
@@ -138,11 +139,11 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
         vocab_text = work / "vocab_input.txt"
-        sentences = _write_vocab_input(cfg, vocab_text)
+        workers = worker_count(cfg.workers)
+        sentences = _write_vocab_input(cfg, vocab_text, workers)
         if sentences == 0:  # before SentencePiece, whose error would not name the files
             raise DataError(no_pair_left(cfg, {"read": 0}))
         log.info("vocabulary text: %d sentences", sentences)
-        workers = worker_count(cfg.workers)
         vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample, threads=workers))
         vocab_text.unlink()
         stats = {}

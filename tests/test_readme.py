@@ -54,7 +54,8 @@ RULES = [
     (r"^python -m torch.distributed.run --standalone --nproc_per_node=8 -m nmt.train model=base data=local",
      f"skip: {GPU}, on the user's own corpus"),
     # a whole test set from a model of a few updates: greedy and short, the search is tested elsewhere
-    (r"^relnmt-translate checkpoint=outputs/(my_en_fr/last5|tiny_multi30k_en_de/last3).pt input=", " beam=1 max_extra=5"),
+    (r"^relnmt-translate checkpoint=outputs/(my_en_fr/last5.pt|tiny_multi30k_en_de/last3.pt|demo_shared/ct2) input=",
+     " beam=1 max_extra=5"),
     (r"^relnmt-experiment --output outputs/my_en_fr",
      " train.max_steps=4 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0 --lines 10"),
     (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",  # validated once: best

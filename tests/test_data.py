@@ -12,7 +12,7 @@ from nmt.data.batching import collate, epoch_batches, make_batches, rank_batches
 from nmt.data.encode import drop_reason
 from nmt.data.pipeline import prepare
 from nmt.data.shards import EncodedSplit
-from nmt.data.sources import read_split
+from nmt.data.sources import read_blocks
 from nmt.data.vocab import Vocab
 from nmt.modeling.transformer import BOS, EOS, PAD
 from tests.conftest import ROOT, local_config, multi30k_lines
@@ -184,7 +184,7 @@ def test_of_two_bad_lines_in_a_block_the_first_a_pair_reader_meets_is_reported(t
 
 def test_missing_file_names_its_path(tmp_path):
     with pytest.raises(readers.DataError, match=r"missing file: .*/train\.en \(or .*/train\.en\.gz\)"):
-        list(read_split(local_config(tmp_path), "train"))
+        list(read_blocks(local_config(tmp_path), "train", 10))
 
 
 def test_hub_rows_with_the_wmt14_schema():

@@ -246,10 +246,11 @@ def test_a_dry_run_says_the_batch_the_size_and_the_time_and_writes_no_run(prepar
 def test_the_bundled_corpus_is_found_from_any_folder(tmp_path, monkeypatch):
     from nmt.config import DataConfig
     from nmt.data.readers import REPOSITORY, multi30k_prefix
-    from nmt.data.sources import read_split
+    from nmt.data.sources import read_blocks
 
     monkeypatch.chdir(tmp_path)
     assert multi30k_prefix("data/multi30k", "valid") == str(REPOSITORY / "data" / "multi30k" / "val")
-    assert len(list(read_split(DataConfig(name="multi30k", root="data/multi30k", src="en", tgt="de"), "valid"))) == 1014
+    valid = read_blocks(DataConfig(name="multi30k", root="data/multi30k", src="en", tgt="de"), "valid", 400)
+    assert sum(len(block.pairs()) for block in valid) == 1014
     monkeypatch.chdir(REPOSITORY)  # from the repository, as given: the prepared data's identity is unchanged
     assert multi30k_prefix("data/multi30k", "valid") == "data/multi30k/val"

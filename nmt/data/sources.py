@@ -25,11 +25,6 @@ def read_blocks(cfg: DataConfig, split: str, size: int) -> Iterator[readers.Line
     raise readers.DataError(f"unknown data.name={cfg.name!r}: expected multi30k, local or wmt14")
 
 
-def read_split(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
-    """A split's (source, target) pairs, in order."""
-    return (pair for block in read_blocks(cfg, split, readers.BLOCK_LINES) for pair in block.pairs())
-
-
 def _local_prefix(cfg: DataConfig, split: str) -> str:
     prefix = getattr(cfg, split)
     if not prefix:

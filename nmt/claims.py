@@ -43,15 +43,15 @@ QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the quot
 OBJECT = (r"(?=\s+(?:[\d(+−]|every|each|all|any|its|their|the best|chance|what|both|relative|absolute|sinusoids|T5|"
           r"ALiBi|RoPE|learned|buckets|k = |`))")  # "above"/"below" compare only before what they compare with
 HIGHER = rf"higher|highest|above{OBJECT}|ahead|beats?|better|best|leads?|exceeds?|outperforms?"
-LOWER = rf"lower|lowest|below{OBJECT}|behind{OBJECT}|trails?|worse|worst|short of|the floor"
-NULL = r"no difference|level with|closes|not found|not shown|indistinguishable|on par"
+LOWER = rf"lower|lowest|below{OBJECT}|behind{OBJECT}|trails?|worse|worst|short of|less well|the floor"
+NULL = r"no (?:\w+ )?difference|level with|closes|not found|not shown|indistinguishable|on par"
 NEGATION = r"\b(?:not|no|nor|neither|never)\b(?:\W+\w+){0,3}?\W+$"  # a direction word read as "no difference" after it
 MEANS = re.compile(r"\bmeans?\b")
 # Words that mark a sentence as describing single runs or untested means, not concluding
 DESCRIBED = re.compile(r"no test|not tested|tests? nothing|one seed|n < 3 seeds|(?:two|2) seeds, no")
 # What a sentence names when it compares rows: the position modes and the ablations' rows, as the prose names them
 ROWS = re.compile(r"\b(?:relative|absolute|sinusoids?|learned|`both`|`none`|T5|t5|ALiBi|alibi|RoPE|rope|buckets|"
-                  r"k = \d+|a\^K|a\^V|per-head|shared tables|edge tables|neither)\b")
+                  r"k = \d+|a\^K|a\^V|per-head|shared tables|edge tables|neither)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -192,12 +192,17 @@ def disagreements(text: str, computed: dict[str, Comparison]) -> list[str]:
 
 def uncited(text: str) -> list[str]:
     """The sentences that compare rows (a word of HIGHER, LOWER or NULL, and a row named) with neither a cited
-    comparison, nor a quoted one, nor the words of a description (DESCRIBED)."""
-    def compares(sentence: str) -> bool:
-        plain = re.sub(r"\]\([^)]*\)", "]", sentence)
+    comparison, nor a quoted one, nor the words of a description (DESCRIBED). In a sentence that cites, the words
+    after its last citation are read the same way: a citation answers for the words before it (disagreements)."""
+    def compares(fragment: str) -> bool:
+        plain = re.sub(r"\]\([^)]*\)", "]", fragment)
         return bool(re.search(rf"\b(?:{HIGHER}|{LOWER}|{NULL})\b", plain) and ROWS.search(plain))
+
+    def unanswered(sentence: str) -> str:
+        *_, last = [None, *CITATION.finditer(sentence)]
+        return sentence[last.end():] if last else sentence
     return [s for s in sentences(text)
-            if compares(s) and not (CITATION.search(s) or QUOTED.search(s) or DESCRIBED.search(s))]
+            if compares(rest := unanswered(s)) and not (QUOTED.search(rest) or DESCRIBED.search(rest))]
 
 
 def cite_files(page: Path, files: list[Path]) -> list[Path]:

@@ -81,8 +81,8 @@ def seed_bleu(seeds: dict[int, dict]) -> tuple[float, ...]:
 
 def holm_family(tables: dict[str, tuple[dict, dict]]) -> dict[tuple, tuple[float, float]]:
     """The family the page concludes from: every distinct seed-level comparison the page declares (one comparison
-    printed in two tables, the same cells, counts once), each Holm-adjusted over all of them, with its own level in
-    Holm's step-down (nmt/stats.py holm_levels); keyed by the two rows' per-seed BLEU."""
+    printed in two tables, the same cells, counts once), each Holm-adjusted over all of them, with the level Holm's
+    step-down held it to (nmt/stats.py holm_levels); keyed by the two rows' per-seed BLEU."""
     raw = {}
     for table, rows in tables.values():
         for name, references in comparisons(table, rows).items():

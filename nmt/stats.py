@@ -11,8 +11,8 @@ there); with 3 seeds a row, p = 0.05 needs a gap of about 3 pooled standard devi
 
 A table makes many comparisons; a verdict reads the Holm-adjusted p (`holm`: the family-wise error rate of the whole
 family at most ALPHA), never the raw one. A comparison whose adjusted p is not below ALPHA is a null result, stated
-as the smallest difference the seeds could have detected (`detectable_difference`: 80% power for a two-sided t-test
-at the comparison's own corrected level, `holm_levels`, from the two rows' pooled per-seed SD), not as "level with".
+as the smallest difference the seeds could have detected (`detectable_difference`: 80% power for Welch's test at
+the level Holm's step-down held the comparison to, `holm_levels`), not as "level with".
 """
 
 from __future__ import annotations
@@ -70,12 +70,18 @@ def welch_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
 
 
 def holm_levels(ps: list[float], alpha: float = 0.05) -> list[float]:
-    """Each comparison's own level in Holm's step-down, in the order given: alpha / (m - rank + 1), rank 1 the
-    smallest p. A null result's detectable difference is computed at this level, the one its p was held to."""
+    """The level each comparison's p was held to in Holm's step-down, in the order given. The p of rank r (1 the
+    smallest) is tested at alpha / (m - r + 1) until the first that is not below its level; the step-down stops
+    there, and that comparison and every one after it are nulls held to the level where it stopped: to be called,
+    a null's p would have had to come before the stop and pass that level. A null's detectable difference is sized
+    at it, so no null shows a gap its seeds would have called."""
     order = sorted(range(len(ps)), key=lambda i: ps[i])
-    levels = [0.0] * len(ps)
+    levels, stop = [0.0] * len(ps), None
     for rank, i in enumerate(order):
-        levels[i] = alpha / (len(ps) - rank)
+        own = alpha / (len(ps) - rank)
+        if stop is None and not ps[i] < own:
+            stop = own
+        levels[i] = own if stop is None else stop
     return levels
 
 
@@ -107,12 +113,15 @@ def t_quantile(upper_tail: float, df: float) -> float:
 
 
 def detectable_difference(a: list[float], b: list[float], alpha: float = ALPHA, power: float = POWER) -> float:
-    """The smallest true difference of means a two-sided two-sample t-test at `alpha` finds with probability `power`
-    with these seed counts: (t_{1-alpha/2} + t_{power}) * s_pooled * sqrt(1/n_a + 1/n_b), df = n_a + n_b - 2 (the
-    usual approximation: the central t in place of the noncentral one)."""
-    df = len(a) + len(b) - 2
-    pooled = math.sqrt(((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b)) / df)
-    return (t_quantile(alpha / 2, df) + t_quantile(1 - power, df)) * pooled * math.sqrt(1 / len(a) + 1 / len(b))
+    """The smallest true difference of means Welch's two-sided test at `alpha` finds with probability `power` with
+    these seeds: (t_{1-alpha/2} + t_{power}) * sqrt(s_a^2/n_a + s_b^2/n_b), df Welch-Satterthwaite's (the usual
+    approximation: the central t in place of the noncentral one). The standard error and degrees of freedom are the
+    test's own (welch_test), so an observed gap larger than this always has p below `alpha`."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0.0:
+        return 0.0
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return (t_quantile(alpha / 2, df) + t_quantile(1 - power, df)) * math.sqrt(va + vb)
 
 
 def seed_noise(groups: list[list[float]], n_a: int, n_b: int, alpha: float = ALPHA) -> float | None:
@@ -147,8 +156,8 @@ def mean_sd(values: list[float]) -> str:
 
 def verdict(a: list[float], b: list[float], adjusted: float | None, level: float = ALPHA) -> str:
     """The verdict word of row a against row b from the Holm-adjusted p: "higher" or "lower" when adjusted < ALPHA,
-    else the null result with the smallest difference the seeds could have detected at `level`, the comparison's
-    own level in the family (holm_levels): a null is sized at the level its p was held to, not at ALPHA."""
+    else the null result with the smallest difference the seeds could have detected at `level`, the level Holm's
+    step-down held the comparison to (holm_levels), not ALPHA."""
     if adjusted is None:
         return "no test"
     if adjusted < ALPHA:

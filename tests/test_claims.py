@@ -46,6 +46,8 @@ def test_a_comparative_sentence_without_a_computed_comparison_is_found():
         "RoPE has the highest mean of the single schemes."]
     assert uncited("RoPE is above relative (<!-- cmp a/b --><!-- /cmp -->). RoPE beats T5 (one seed, no test).") == []
     assert uncited("T5 is lower (p = 0.002, adjusted 0.043: lower).") == []  # quoted: tests/test_significance.py
+    after = "RoPE is above relative (<!-- cmp a/b --><!-- /cmp -->), and T5 trails ALiBi."  # the cited words come first
+    assert uncited(after) == [after]
 
 
 def test_the_clause_is_written_from_the_comparison():

@@ -2,13 +2,14 @@
 a table's family, the detectable difference of a null result; and the verdicts of results/README.md against them."""
 
 import math
+import random
 import re
 import statistics
 
 import pytest
 
-from nmt.stats import (ALPHA, detectable_difference, holm, p_cell, regularized_beta, seed_p,
-                                      t_quantile, t_two_sided_p, verdict, welch_test)
+from nmt.stats import (ALPHA, detectable_difference, holm, holm_levels, p_cell, regularized_beta, seed_p, t_quantile,
+                       t_two_sided_p, verdict, welch_test)
 from nmt.claims import generated_tables
 from tests.conftest import ROOT
 
@@ -86,11 +87,35 @@ def test_t_quantiles_match_the_tables(tail, df, t):
 
 
 def test_detectable_difference_of_three_seeds_a_side():
-    """(t_.975,4 + t_.8,4) * s * sqrt(2/3) = (2.776 + 0.941) * 0.8165 = 3.035 pooled SDs."""
+    """Equal SDs: Welch's df is 4, (t_.975,4 + t_.8,4) * s * sqrt(2/3) = (2.776 + 0.941) * 0.8165 = 3.035 SDs.
+    SDs 2 and 1: the standard error sqrt(4/3 + 1/3) and Welch's df (5/3)^2 / ((4/3)^2/2 + (1/3)^2/2) = 50/17."""
     a, b = [-1.0, 0.0, 1.0], [9.0, 10.0, 11.0]  # SD 1 each
     assert detectable_difference(a, b) == pytest.approx(3.035, abs=0.002)
-    pooled = 2.5 ** 0.5  # SDs 2 and 1: sqrt((4 + 1) / 2)
-    assert detectable_difference([2 * x for x in a], b) == pytest.approx(3.717 * pooled * (2 / 3) ** 0.5, abs=0.003)
+    wide = [2 * x for x in a]
+    assert welch_test(wide, b)[1] == pytest.approx(50 / 17)
+    expected = (t_quantile(0.025, 50 / 17) + t_quantile(0.2, 50 / 17)) * (5 / 3) ** 0.5
+    assert detectable_difference(wide, b) == pytest.approx(expected)
+
+
+def test_holm_holds_every_null_to_the_level_where_its_step_down_stopped():
+    """m = 4: ranks 1-4 are tested at 0.0125, 0.0167, 0.025 and 0.05; 0.02 is the first p not under its level, so it
+    and every later p are held to 0.0167, even 0.021, which is under its own rank's 0.025."""
+    ps = [0.5, 0.001, 0.021, 0.02]
+    assert holm_levels(ps) == pytest.approx([0.05 / 3, 0.0125, 0.05 / 3, 0.05 / 3])
+    called = [adjusted < ALPHA for adjusted in holm(ps)]
+    assert called == [p < level for p, level in zip(ps, holm_levels(ps))] == [False, True, False, False]
+
+
+def test_no_null_shows_a_gap_its_seeds_would_have_called():
+    """A gap larger than the detectable difference at a null's level would be a p under that level: never, for any
+    seeds, since the detectable difference uses the test's own standard error and degrees of freedom."""
+    rng = random.Random(3)
+    for _ in range(300):
+        a = [rng.gauss(rng.uniform(-2, 2), rng.uniform(0.05, 2)) for _ in range(rng.choice((3, 4, 5)))]
+        b = [rng.gauss(0, rng.uniform(0.05, 2)) for _ in range(rng.choice((3, 4, 5)))]
+        level = rng.choice((0.05, 0.05 / 10, 0.05 / 44))
+        if abs(statistics.mean(a) - statistics.mean(b)) > detectable_difference(a, b, alpha=level):
+            assert welch_test(a, b)[2] < level
 
 
 def test_the_verdict_reads_the_adjusted_p():
@@ -106,7 +131,8 @@ def p_value(cell: str) -> float:
 def test_every_verdict_in_the_results_follows_its_holm_adjusted_p():
     """results/README.md: over the page's family (every distinct seed-level comparison of its generated tables, one
     comparison printed twice counted once), each adjusted p is Holm's over the raw p (to the printed rounding), and
-    each verdict is the one its adjusted p gives; no null result is called "level with"."""
+    each verdict is the one its adjusted p gives, no null shows a gap larger than its detectable difference, and the
+    family's size is the one the text states; no null result is called "level with"."""
     text = (ROOT / "results" / "README.md").read_text(encoding="utf-8")
     tables = generated_tables(text)
     assert len(tables) >= 5
@@ -130,6 +156,10 @@ def test_every_verdict_in_the_results_follows_its_holm_adjusted_p():
             assert word == ("higher" if gap > 0 else "lower"), (key, word)
         else:
             assert word.startswith("no difference found (detectable: "), (key, word)
+            detectable = float(word.split(": ")[1].rstrip(")"))
+            assert abs(gap) <= detectable + 0.01, f"{key}: a null whose gap {gap:+.2f} exceeds its detectable {word}"
+    printed = re.search(r"page's (\d+) seed-level comparisons", " ".join(text.split()))
+    assert printed and int(printed.group(1)) == len(family), "the family's size as the page states it"
     assert all(t[1] == "n < 3 seeds" and t[2] == "no test" for key, t in tests.items() if key not in family)
     for page in (ROOT / "results" / "README.md", ROOT / "README.md"):
         assert "level with" not in page.read_text(encoding="utf-8"), page

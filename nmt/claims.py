@@ -37,6 +37,7 @@ GENERATED = re.compile(r"<!-- results:(\S+) -->.*?<!-- /results:\1 -->", re.DOTA
 CITATION = re.compile(r"<!-- cmp (?P<ids>[^>]*?) -->(?P<clause>.*?)<!-- /cmp -->", re.DOTALL)
 CHANCE = re.compile(r"<!-- chance (?P<task>\S+) (?P<length>\d+) (?P<share>\S+) -->(?P<figure>.*?)<!-- /chance -->")
 CHANCE_LEVEL = re.compile(r"\bchance\b(?! of any)", re.IGNORECASE)  # "the chance of any false verdict" is no level
+SHORTCUT, SHARE = re.compile(r"\bshortcuts?\b", re.IGNORECASE), re.compile(r"\b0\.\d+")
 QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the quoted form tests/test_significance.py checks
 
 # The words that compare rows, by what they claim. A superlative claims the direction against every row it names.
@@ -218,5 +219,8 @@ def cite_files(page: Path, files: list[Path]) -> list[Path]:
 
 
 def chance_uncited(text: str) -> list[str]:
-    """The sentences that state a chance level without citing the shortcut check's figure."""
-    return [s for s in sentences(text) if CHANCE_LEVEL.search(s) and not CHANCE.search(s)]
+    """The sentences that state a chance level, or a shortcut's share (a figure 0.x beside the word), without citing
+    the shortcut check's figure."""
+    def states(sentence: str) -> bool:
+        return bool(CHANCE_LEVEL.search(sentence) or (SHORTCUT.search(sentence) and SHARE.search(sentence)))
+    return [s for s in sentences(text) if states(s) and not CHANCE.search(s)]

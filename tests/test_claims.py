@@ -76,6 +76,7 @@ def test_every_comparative_sentence_cites_a_computed_comparison_and_says_what_it
 def test_every_chance_level_cites_the_shortcut_check(page: Path):
     assert chance_uncited(page.read_text(encoding="utf-8")) == []
     assert chance_uncited("Sinusoids stay at chance (0.053).") == ["Sinusoids stay at chance (0.053)."]
+    assert chance_uncited("T5 is 0.11 above the best shortcut (0.167).") == ["T5 is 0.11 above the best shortcut (0.167)."]
 
 
 @pytest.mark.slow

@@ -235,3 +235,21 @@ def test_the_learning_rate_check_picks_by_validation_bleu_and_measures_seed_spre
     bound = 4.303 * 0.02 ** 0.5 * 1.0  # t(0.975, 2) * pooled sd (0.1414) * sqrt(1/2 + 1/2)
     assert f"×0.5 (2 seeds)" not in row and f"31.50 (2 seeds) / 30.00 (2 seeds)" in row
     assert f"×0.5, 1.50 above ×1: beyond seed noise (±{bound:.2f})" in row
+
+
+def test_the_learning_rate_checks_gaps_in_prose_are_its_table_means():
+    """"half the rate loses A (mode) to B (mode) ... and twice it C (mode) to D (mode)": the smallest and largest
+    gap of the table's means, ×1 less ×0.5 and ×1 less ×2, and the modes that have them."""
+    text = (RESULTS / "README.md").read_text()
+    block = re.search(r"<!-- results:lr_check -->\n(.*?)\n<!-- /results:lr_check -->", text, re.DOTALL).group(1)
+    means = {row[0]: [float(row[i]) for i in (1, 2, 3)] for row in
+             re.findall(r"^\| (\w+) \| ([\d.]+) / ([\d.]+)(?: \(\d+ seeds\))? / ([\d.]+) \|", block, re.MULTILINE)}
+    assert len(means) >= 9
+    printed = re.search(r"half the rate loses (\S+) \((\w+)\) to (\S+) \((\w+)\) validation BLEU and twice it (\S+) "
+                        r"\((\w+)\) to (\S+) \((\w+)\)", " ".join(text.split()))
+    assert printed, "the learning-rate check's gaps"
+    for start, column in ((1, 0), (5, 2)):
+        gaps = {mode: round(m[1] - m[column], 2) for mode, m in means.items()}
+        low, high = min(gaps, key=gaps.get), max(gaps, key=gaps.get)
+        assert [float(printed.group(start)), printed.group(start + 1).lower(), float(printed.group(start + 2)),
+                printed.group(start + 3).lower()] == [gaps[low], low, gaps[high], high]

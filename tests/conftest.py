@@ -5,6 +5,7 @@ import gzip
 import logging
 import os
 import random
+import signal
 import sys
 from pathlib import Path
 
@@ -184,3 +185,12 @@ def checkpoint(prepared, tmp_path_factory):
                      train=TrainConfig(max_steps=20, max_tokens=800, save_every_steps=10, valid_every=0,
                                        output_dir=str(out), threads=1, average_last=2)))
     return out / "averaged.pt"
+
+
+def at_a_terminal() -> None:
+    """A child's SIGINT as a shell gives a foreground job: Python's Ctrl-C, whatever this process inherited (a test
+    run from `nohup` or a scheduler starts with SIGINT ignored, and a child keeps an ignored signal ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+INTERACTIVE = {"preexec_fn": at_a_terminal}  # Popen(..., **INTERACTIVE): a child that Ctrl-C reaches as at a terminal

@@ -25,7 +25,8 @@ from nmt.data.pipeline import open_prepared, prepare, prepared_dir
 from nmt.data.readers import DataError, PairBlock
 from nmt.data.shards import ShardWriter
 from nmt.data.vocab import Vocab
-from tests.conftest import ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines, write
+from tests.conftest import (INTERACTIVE, ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines,
+                            write)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 SMALL = ["train.max_tokens=300", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1",
@@ -272,7 +273,7 @@ def test_a_pool_ends_with_its_stage(how):
 
     job = subprocess.Popen([sys.executable, "-c", BUSY_POOL], cwd=ROOT, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, **INTERACTIVE)
     try:
         said = ""  # both workers at work: two "busy" lines, which the two processes may write interleaved
         while said.count("busy") < 2 and (line := job.stdout.readline()):

@@ -15,18 +15,11 @@ from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.decoding import decode
 from nmt.errors import EXIT_STOPPED
 from nmt.runtime.signals import AGAIN_AFTER_S, stop_signals
-from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
+from tests.conftest import INTERACTIVE, ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
-def at_a_terminal() -> None:
-    """A child's SIGINT as a shell gives a foreground job: Python's Ctrl-C, whatever this process inherited (a test
-    run from `nohup` or a scheduler starts with SIGINT ignored, and a child keeps an ignored signal ignored)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-INTERACTIVE = {"preexec_fn": at_a_terminal}
 
 
 def train_args(data, out: Path, *extra) -> list[str]:

@@ -13,7 +13,7 @@ import pytest
 
 from experiments import grid
 from nmt.errors import UserError
-from tests.conftest import ROOT, wait_for
+from tests.conftest import INTERACTIVE, ROOT, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "4"}
 
@@ -95,7 +95,7 @@ def test_a_stopped_study_takes_its_workers_along_and_continues(tmp_path, how):
     script = tmp_path / "study.py"
     script.write_text(STUDY)
     study = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=ROOT, env=ENV, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **INTERACTIVE)
     wait_for(lambda: all((tmp_path / name).exists() for name in ("0.json", "started1", "started2"))
              or study.poll() is not None, 120)
     workers = {int((tmp_path / f"started{i}").read_text()) for i in (1, 2)}

@@ -66,9 +66,11 @@ def shortcut_shares(symbols: torch.Tensor, targets: torch.Tensor, max_offset: in
 
 def cite_chance(text: str) -> str:
     """The text with every chance marker's figure (nmt/claims.py CHANCE) computed again: the shortcut share it names
-    on its task's evaluation batch of seed 1 (experiments/extrapolate.py shortcuts)."""
+    on its task's evaluation batch of seed 1 (experiments/extrapolate.py shortcuts; the marker task's,
+    experiments/edge_values.py marker_shortcuts, at its one length, 16)."""
     from nmt.claims import CHANCE
 
+    from experiments.edge_values import marker_shortcuts
     from experiments.extrapolate import shortcuts
 
     computed: dict[tuple, dict] = {}
@@ -77,7 +79,8 @@ def cite_chance(text: str) -> str:
         share, _, beyond = marker.group("share").partition("@")
         key = (marker.group("task"), int(marker.group("length")), int(beyond) if beyond else None)
         if key not in computed:
-            computed[key] = shortcuts(key[0], key[1], seed=1, beyond=key[2])
+            computed[key] = (marker_shortcuts(seed=1) if key[0] == "marker"
+                             else shortcuts(key[0], key[1], seed=1, beyond=key[2]))
         return marker.group(0).replace(f"-->{marker.group('figure')}<!--", f"-->{computed[key][share]:.3f}<!--", 1)
     return CHANCE.sub(figure, text)
 

@@ -21,8 +21,9 @@ tests/test_significance.py against the tables).
 
 A chance level on a synthetic task is the shortcut check's figure (experiments/shortcuts.py): a sentence that
 states one (`chance_uncited`) cites it with `<!-- chance TASK LENGTH SHARE -->FIGURE<!-- /chance -->`, TASK
-`offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares), SHARE a key of
-`shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the commonest symbol 3 or more places to the left),
+`offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares) or `marker`
+(experiments/edge_values.py), SHARE a key of `shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the
+commonest symbol 3 or more places to the left) or of `marker_shortcuts`,
 FIGURE its value on the evaluation batch of seed 1, written by `python -m experiments.shortcuts --cite FILE ...`
 (experiments depend on nmt, never the reverse).
 """

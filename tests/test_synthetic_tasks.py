@@ -84,3 +84,20 @@ def test_the_committed_repeat_runs_record_their_shortcut_shares_and_none_fails()
             assert record["shortcut_shares"][length]["offset"] < 1.5 / (int(length) // 2 - 1)
     for record in (r for r in records if r["mode"] == "none"):  # no position: it cannot tell which symbol follows
         assert all(a < 0.1 for a in record["accuracy"].values()), record["accuracy"]
+
+
+def test_the_marker_tasks_shortcuts_are_chance_and_a_model_without_offsets_stays_at_them():
+    """experiments/edge_values.py's marker task: positions alone answer about 1/16 (the marker is anywhere), content
+    alone 1/16 + 15/16 * 1/16 (the marker knows its offset is 0); the committed runs without edge vectors score at
+    the content shortcut, and every edge set that reads offsets far above it."""
+    from experiments.edge_values import marker_shortcuts
+
+    shares = marker_shortcuts(seed=1)
+    assert shares["position"] == pytest.approx(1 / 16, abs=0.012)
+    assert shares["content"] == pytest.approx(1 / 16 + 15 / 256, abs=0.008) and shares["best"] == shares["content"]
+    for path in sorted((ROOT / "results" / "edge_values").glob("marker_*_seed1.json")):
+        run = json.loads(path.read_text())
+        if run["edges"] == "neither":
+            assert run["score"] <= shares["best"] + 0.01, path.name
+        else:
+            assert run["score"] > 2 * shares["best"], path.name

@@ -60,13 +60,20 @@ def welch_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
     """(t, degrees of freedom, two-sided p) of mean(a) against mean(b), each with at least 2 values."""
     if len(a) < 2 or len(b) < 2:
         raise ValueError(f"Welch's test needs 2 values a side, got {len(a)} and {len(b)}")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     diff = statistics.mean(a) - statistics.mean(b)
-    if va + vb == 0.0:
-        return (math.copysign(math.inf, diff) if diff else 0.0), float(len(a) + len(b) - 2), (0.0 if diff else 1.0)
-    t = diff / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    variance, df = welch_variance(a, b)
+    if variance == 0.0:
+        return (math.copysign(math.inf, diff) if diff else 0.0), df, (0.0 if diff else 1.0)
+    t = diff / math.sqrt(variance)
     return t, df, t_two_sided_p(t, df)
+
+
+def welch_variance(a: list[float], b: list[float]) -> tuple[float, float]:
+    """(variance of mean(a) - mean(b), Welch-Satterthwaite degrees of freedom); n_a + n_b - 2 where both are 0."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0.0:
+        return 0.0, float(len(a) + len(b) - 2)
+    return va + vb, (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
 
 
 def holm_levels(ps: list[float], alpha: float = 0.05) -> list[float]:
@@ -116,12 +123,11 @@ def detectable_difference(a: list[float], b: list[float], alpha: float = ALPHA, 
     """The smallest true difference of means Welch's two-sided test at `alpha` finds with probability `power` with
     these seeds: (t_{1-alpha/2} + t_{power}) * sqrt(s_a^2/n_a + s_b^2/n_b), df Welch-Satterthwaite's (the usual
     approximation: the central t in place of the noncentral one). The standard error and degrees of freedom are the
-    test's own (welch_test), so an observed gap larger than this always has p below `alpha`."""
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0.0:
+    test's own (welch_variance), so an observed gap larger than this always has p below `alpha`."""
+    variance, df = welch_variance(a, b)
+    if variance == 0.0:
         return 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return (t_quantile(alpha / 2, df) + t_quantile(1 - power, df)) * math.sqrt(va + vb)
+    return (t_quantile(alpha / 2, df) + t_quantile(1 - power, df)) * math.sqrt(variance)
 
 
 def seed_noise(groups: list[list[float]], n_a: int, n_b: int, alpha: float = ALPHA) -> float | None:

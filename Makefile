@@ -152,7 +152,7 @@ length-study: install
 SAMPLES ?= 1000  # the paired bootstrap's resamples
 plots: install
 	$(PY) -m nmt.table results/README.md --samples $(SAMPLES) --cite README.md docs/*.md
-	$(PY) -m experiments.shortcuts --cite results/README.md README.md
+	$(PY) -m experiments.chance --cite results/README.md README.md
 	$(PY) -m experiments.plot_curves table1 table2 table3 length beyond
 	$(PY) -m experiments.length_positions
 

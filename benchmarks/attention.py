@@ -112,7 +112,7 @@ def with_backend(layer, step, mode: str):
 def model_steps(preset: str, device, dtype):
     from dataclasses import replace
 
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
 
     cfg = preset_job(f"model={preset}").model
     src = torch.randint(4, 8000, (32, 48), device=device)

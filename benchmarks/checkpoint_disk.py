@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 from benchmarks.report import write_report
 from nmt.checkpoints.checkpoint import WEIGHTS, save_checkpoint
-from nmt.experiment import preset_job
+from nmt.compose import preset_job
 from nmt.modeling.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -71,7 +71,7 @@ def setup(device: str, precision: str, length: int, preset: str, max_tokens: int
     """The recipe's model, Adam and one synthetic micro-batch of its size on the device; the job."""
     from nmt.data.batching import Batch
     from nmt.data.vocab import BOS
-    from nmt.experiment import compose_job
+    from nmt.compose import compose_job
     from nmt.kernels.dispatch import AttentionBackend
     from nmt.modeling.transformer import Transformer
     from nmt.runtime.precision import autocast_dtype

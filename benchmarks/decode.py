@@ -48,7 +48,7 @@ def load_model(checkpoint: str | None, device: torch.device, preset: str = "tiny
         return model, vocab, f"trained checkpoint {checkpoint}"
     from nmt.data.pipeline import prepared_dir
     from nmt.data.vocab import Vocab
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
 
     job = preset_job(f"model={preset}", "data=multi30k_en_de")
     vocab = Vocab(prepared_dir(job.data) / "spm.model")

@@ -45,7 +45,7 @@ def sources(n: int, device) -> tuple[torch.Tensor, int]:
     from nmt.data.batching import pad_rows
     from nmt.data.pipeline import prepare
     from nmt.data.vocab import Vocab
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
 
     folder = prepare(preset_job("data=multi30k_en_de").data)
     with gzip.open(ROOT / "data/multi30k/test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
@@ -119,7 +119,7 @@ def main() -> None:
         except (OSError, ValueError, KeyError, TypeError) as error:
             parser.error(f"--report {args.report}: not a JSON this script wrote ({type(error).__name__}: {error})")
         return
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
     from nmt.kernels.dispatch import AttentionBackend
 
     torch.set_num_threads(args.threads)

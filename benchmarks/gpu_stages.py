@@ -153,7 +153,7 @@ def describe(device) -> dict:
 def prepared_data() -> dict:
     """The bundled Multi30k prepared (it travels with the checkout; preparing takes seconds)."""
     from nmt.data.pipeline import prepare, prepared_dir
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
 
     data = preset_job("data=multi30k_en_de").data
     folder = prepared_dir(data)
@@ -197,7 +197,7 @@ def training_step_against_torch_path(device, model_overrides: list[str], amp_dty
     relative to the largest gradient, the verdicts."""
     import torch
 
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
     from nmt.kernels.dispatch import AttentionBackend
     from nmt.modeling.transformer import Transformer, model_cases
     from nmt.runtime.precision import autocast
@@ -358,7 +358,7 @@ def efficient_kernel_reached(device, dry: bool) -> dict:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
     from nmt.modeling.transformer import Transformer
 
     allowed = [SDPBackend.MATH] if dry else [SDPBackend.EFFICIENT_ATTENTION]

@@ -68,7 +68,7 @@ def layer_steps(n: int, device, dtype, backward: bool = True) -> dict:
 
 def model_steps(device, dtype) -> dict:
     """position -> one tiny training step (forward, label-smoothed loss, backward)."""
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
 
     cfg = preset_job("model=tiny").model
     src = torch.randint(4, 8000, (32, 48), device=device)

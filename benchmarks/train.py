@@ -39,7 +39,7 @@ def measure(preset: str, position: str, steps: int, device: str, precision: str,
     from torch.utils.flop_counter import FlopCounterMode
 
     from nmt.data.batching import Prefetcher, training_stream
-    from nmt.experiment import compose_job
+    from nmt.compose import compose_job
     from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer, check_attention
 

@@ -194,7 +194,7 @@ def main() -> None:
 
     from nmt.data.batching import training_stream
     from nmt.data.pipeline import prepare
-    from nmt.experiment import compose_job
+    from nmt.compose import compose_job
     from nmt.machine import machine
     from nmt.runtime.process import setup_env
     from nmt.training.trainer import Trainer

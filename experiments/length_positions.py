@@ -24,10 +24,10 @@ from pathlib import Path
 from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.data.pipeline import open_prepared, prepare
 from nmt.data.vocab import Vocab
-from nmt.experiment import compose_job
-from nmt.collect import reference_lines
-from nmt.page import LENGTH_BUCKETS, bucket_label, page_table
-from nmt.stats import mean_sd
+from nmt.compose import compose_job
+from nmt.lab.collect import reference_lines
+from nmt.lab.page import LENGTH_BUCKETS, bucket_label, page_table
+from nmt.lab.stats import mean_sd
 
 ROOT = Path(__file__).resolve().parent.parent
 

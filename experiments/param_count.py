@@ -2,7 +2,7 @@
 
 import torch
 
-from nmt.experiment import preset_job
+from nmt.compose import preset_job
 from nmt.modeling.transformer import Transformer, count_parameters
 
 VOCAB = {"tiny": 8000, "base": 32768, "big": 32768}

@@ -3,7 +3,7 @@
     python -m experiments.plot_curves table1 [table2 ...] [--results results]
 
 Reads the TensorBoard logs of the table's cells (results/cells, as results/tables.yaml declares the table's rows:
-nmt/page.py page_table) and draws validation
+nmt/lab/page.py page_table) and draws validation
 loss and greedy validation BLEU (on the first 200 validation sentences) against updates, the mean over
 seeds with a band from the lowest to the highest seed. Writes results/<table>/curves.png.
 """
@@ -36,7 +36,7 @@ def plot_table(results: Path, table: str) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from nmt.page import page_table
+    from nmt.lab.page import page_table
 
     rows = {}
     for row, seeds in sorted(page_table(results, table, rescore=False).items()):

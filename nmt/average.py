@@ -24,7 +24,8 @@ from nmt.checkpoints.checkpoint import (
     numbered_checkpoints,
 )
 from nmt.cli import ends_in_one_line, hydra_job, program_name
-from nmt.config import AverageJob, register_schemas
+from nmt.config import AverageJob
+from nmt.compose import register_schemas
 from nmt.outputs import output_file
 
 log = logging.getLogger("nmt.average")

@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
 from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, bucket_rule
-from nmt.run_names import cell_name, data_label, init_from_suffix, model_overrides_suffix
+
+
+class Role(str, Enum):
+    """What a field of a training job is to its run: the one rule that a sweep cell's name, "finished" (a run's
+    record, nmt/lab/record.py), resume (nmt/checkpoints/resume.py) and fine-tuning (nmt/checkpoints/finetune.py) read.
+    Declared on each field below (extends(...), places(...), ...); a field that declares none defines the run."""
+
+    weights = "weights"  # what the weights compute (every model.* field but dropout): a fine-tuning checkpoint too
+    defines = "defines"  # the trained and scored model: a resume may not change it, a cell's name holds it
+    scores = "scores"  # what the run's score is taken on: a cell's name holds it, a resume may change it
+    extends = "extends"  # the budget: a larger one continues the run; a run is finished at the budget it was given
+    places = "places"  # where, how fast, how often it saves, logs or reads its files: never what the run is
+
+
+def with_role(role: Role, default, **kwargs):
+    """A schema field's default that declares its role (Role)."""
+    return field(default=default, metadata={"role": role}, **kwargs)
+
+
+def defines(default):
+    return with_role(Role.defines, default)
+
+
+def scores(default):
+    return with_role(Role.scores, default)
+
+
+def extends(default):
+    return with_role(Role.extends, default)
+
+
+def places(default):
+    return with_role(Role.places, default)
 
 
 def valid_device(name: str) -> bool:
@@ -24,7 +58,7 @@ class ModelConfig:
     d_model: int = 512  # model width: embeddings and every sublayer's output
     heads: int = 8  # attention heads (d_model / heads per head)
     ffn_dim: int = 1024  # the feed-forward sublayer's hidden width
-    dropout: float = 0.1  # embeddings, residuals, attention probabilities and FFN hidden
+    dropout: float = defines(0.1)  # embeddings, residuals, attention probabilities and FFN hidden
     position: Position = Position.relative  # how positions enter: Shaw's edge tables, sinusoids, ...
     # clip, rel_key, rel_value, share_heads: the edge tables of position=relative|both; other modes ignore them
     clip: int = 16  # k: relative distances are clipped to [-k, k]
@@ -78,22 +112,22 @@ class DataConfig:
     src: str = "en"  # source language: file suffix and the pair's first half
     tgt: str = "de"  # target language
     # data=local: file prefixes, read as PREFIX.<src> and PREFIX.<tgt> (plain or .gz)
-    train: Optional[str] = None  # data=local: training files' prefix
-    valid: Optional[str] = None  # data=local: validation files' prefix
-    test: Optional[str] = None  # data=local: test files' prefix (optional)
+    train: Optional[str] = places(None)  # data=local: training files' prefix
+    valid: Optional[str] = places(None)  # data=local: validation files' prefix
+    test: Optional[str] = places(None)  # data=local: test files' prefix (optional)
     # data=multi30k: folder with {train,val,test_2016_flickr}.<lang>.gz
-    root: str = "data/multi30k"  # data=multi30k: the folder of its .gz files
+    root: str = places("data/multi30k")  # data=multi30k: the folder of its .gz files
     # data=wmt14: Hugging Face hub dataset and config
-    hub_name: str = "wmt/wmt14"  # data=wmt14: the Hugging Face hub dataset
+    hub_name: str = places("wmt/wmt14")  # data=wmt14: the Hugging Face hub dataset
     hub_config: Optional[str] = None  # data=wmt14: the dataset config (de-en, fr-en)
     vocab_size: int = 8000  # shared SentencePiece vocabulary size (WMT14 and local presets: 32,768)
     vocab_sample: int = 4_000_000  # sentences SentencePiece learns from (a sample drawn with a fixed seed)
     max_len: int = 250  # training pairs longer than this (subword tokens, either side) are dropped
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)
-    prepared_dir: Optional[str] = None  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
-    chunk_lines: int = 10_000  # pairs encoded per chunk (a worker's task): memory is 2 chunks per worker
-    workers: int = 0  # processes that encode and binarize (0 = one per core); the same bytes on any number
+    prepared_dir: Optional[str] = places(None)  # default: prepared/<name>_<src>_<tgt> (+ _src<N>w with max_src_words)
+    chunk_lines: int = places(10_000)  # pairs encoded per chunk (a worker's task): memory is 2 chunks per worker
+    workers: int = places(0)  # processes that encode and binarize (0 = one per core); the same bytes on any number
 
     def check(self) -> "DataConfig":
         require(self.src != self.tgt, "data.tgt", self.tgt, f"a language other than data.src={self.src}")
@@ -137,36 +171,37 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 100_000  # optimizer updates
-    max_minutes: float = 0.0  # wall-clock budget, 0 = none; whichever of the two comes first stops
+    max_steps: int = extends(100_000)  # optimizer updates
+    max_minutes: float = extends(0.0)  # wall-clock budget, 0 = none; whichever of the two comes first stops
     max_tokens: int = 4096  # padded tokens (longer side) per device per micro-batch
     # The trainer derives the accumulation from it (nmt/batch.py), so every launch form trains the same batch.
-    tokens_per_update: int = 0  # the recipe's batch: padded tokens per update, all devices (0: W x max_tokens x F)
-    update_freq: Optional[int] = None  # micro-batches per update per device; null = derived (1 with no stated batch)
-    save_every_steps: int = 1000  # a checkpoint every N updates (the save cadence)
-    save_every_minutes: float = 0.0  # 0 = off; the paper's big model saves every 10 minutes
-    keep_last: int = 20  # numbered checkpoints kept (older ones deleted); 0 = all
+    tokens_per_update: int = places(0)  # the recipe's batch: padded tokens per update, all devices (0: W x max_tokens x F)
+    update_freq: Optional[int] = places(None)  # micro-batches per update per device; null = derived (1 with no stated batch)
+    save_every_steps: int = places(1000)  # a checkpoint every N updates (the save cadence)
+    save_every_minutes: float = places(0.0)  # 0 = off; the paper's big model saves every 10 minutes
+    keep_last: int = places(20)  # numbered checkpoints kept (older ones deleted); 0 = all
     average_last: int = 0  # at the end, average the last N checkpoints into output_dir/averaged.pt
     seed: int = 1  # initialization, dropout and data order
-    output_dir: str = "${hydra:runtime.output_dir}"  # checkpoints, logs; default outputs/<model>_<data>[.overrides]
-    device: str = "auto"  # auto | cpu | cuda | cuda:N (under torchrun: cuda, each rank its own)
+    output_dir: str = places("${hydra:runtime.output_dir}")  # checkpoints, logs; default outputs/<model>_<data>[.overrides]
+    device: str = places("auto")  # auto | cpu | cuda | cuda:N (under torchrun: cuda, each rank its own)
     precision: Precision = Precision.auto  # mixed precision (auto: bf16 or fp16 on a GPU, fp32 on a CPU)
-    log_every: int = 100  # a log line (and TensorBoard scalars) every N updates
+    log_every: int = places(100)  # a log line (and TensorBoard scalars) every N updates
     valid_every: int = 1000  # validation loss (and greedy BLEU on valid_bleu_sentences) every N updates
     valid_bleu_sentences: int = 200  # 0 = no validation BLEU
     best_metric: BestMetric = BestMetric.nll  # what keeps output_dir/checkpoint_best.pt: nll (lower) or bleu (higher)
     patience: int = 0  # stop after this many validations in a row without a better best_metric; 0 = never early
     init_from: Optional[str] = None  # fine-tuning: a checkpoint whose weights start a new run (optimizer, step afresh)
-    max_bad_updates: int = 10  # updates in a row skipped for a non-finite loss or gradient before the run stops
-    threads: int = 0  # CPU threads per process; 0 = cores / local processes
-    compile: Optional[bool] = None  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
-    deterministic: bool = False  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
-    attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
-    loss_chunk_tokens: int = 1024  # output layer and loss on this many tokens at a time, never whole logits; 0 = off
-    checkpoint_activations: bool = False  # recompute each layer in the backward: same gradients, less memory
-    score_split: str = "valid"  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
-    score_lines: int = 0  # a sweep cell scores only the first N sentences of its split (0 = all)
-    dry_run: bool = False  # print the job, its batch, parameters and a time estimate from a few timed updates; no run
+    max_bad_updates: int = places(10)  # updates in a row skipped for a non-finite loss or gradient before the run stops
+    threads: int = places(0)  # CPU threads per process; 0 = cores / local processes
+    compile: Optional[bool] = places(None)  # torch.compile the model for training (dynamic shapes); null = on for CUDA only
+    deterministic: bool = places(False)  # CUDA's deterministic algorithms and cuBLAS workspace: same bits on a GPU (slower)
+    attention: Attention = places(Attention.auto)  # relative self-attention's implementation (auto | torch | triton)
+    loss_chunk_tokens: int = places(1024)  # output layer and loss on this many tokens at a time, never whole logits; 0 = off
+    checkpoint_activations: bool = places(False)  # recompute each layer in the backward: same gradients, less memory
+    score_split: str = scores("valid")  # a -m sweep cell ends decoding (beam 4, alpha 0.6) and scoring this: valid | test
+    score_lines: int = scores(0)  # a sweep cell scores only the first N sentences of its split (0 = all)
+    score: bool = places(False)  # end in a record: decode and score score_split into result.json (a -m cell always)
+    dry_run: bool = places(False)  # print the job, its batch, parameters and a time estimate from a few timed updates; no run
 
     def check(self) -> "TrainConfig":
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
@@ -288,13 +323,33 @@ class ScoreJob:
     output: Optional[str] = None  # also write the results as JSON here
 
 
-def register_schemas() -> None:
-    """Make the dataclasses the base of configs/*.yaml, so a typo in an override is an error."""
-    from hydra.core.config_store import ConfigStore
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}  # a TrainJob's
 
-    for name, resolver in {"model_overrides": model_overrides_suffix, "cell_name": cell_name,
-                           "data_label": data_label, "init_from": init_from_suffix}.items():
-        OmegaConf.register_new_resolver(name, resolver, replace=True)
-    for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,
-                      "export": ExportJob, "average": AverageJob}.items():
-        ConfigStore.instance().store(name=f"{job}_schema", node=node)
+
+def role(section: str, name: str) -> Role | None:
+    """The role a field of a training job declares (Role); None for a name the schema no longer has (an old record's)."""
+    found = next((f for f in dataclasses.fields(SECTIONS[section]) if f.name == name), None) \
+        if section in SECTIONS else None
+    if found is None:
+        return None
+    return found.metadata.get("role", Role.weights if section == "model" else Role.defines)
+
+
+def defines_run(section: str, name: str) -> bool:
+    """A resume compares it: another value is another run (nmt/checkpoints/resume.py)."""
+    return role(section, name) in (Role.weights, Role.defines)
+
+
+def defines_cell(section: str, name: str) -> bool:
+    """A -m sweep cell's name holds it (nmt/run_names.py): the run and what its score is taken on."""
+    return role(section, name) in (Role.weights, Role.defines, Role.scores)
+
+
+def defines_record(section: str, name: str) -> bool:
+    """A run's record (result.json) is this job's, and the job is done, when the two agree on it (nmt/lab/record.py)."""
+    return role(section, name) in (Role.weights, Role.defines, Role.scores, Role.extends)
+
+
+def defines_weights(section: str, name: str) -> bool:
+    """A fine-tuning checkpoint must agree on it (nmt/checkpoints/finetune.py): what its weights compute."""
+    return role(section, name) == Role.weights

@@ -34,7 +34,8 @@ import torch
 from omegaconf import OmegaConf
 
 from nmt.cli import hydra_job
-from nmt.config import ExportJob, ModelConfig, register_schemas
+from nmt.config import ExportJob, ModelConfig
+from nmt.compose import register_schemas
 from nmt.data.vocab import BOS, EOS, UNK, Vocab
 from nmt.decoding.decode import EXPORTED_CONFIG, load_translator
 from nmt.errors import UserError

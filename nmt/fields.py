@@ -12,11 +12,11 @@ import os
 import sys
 import tokenize
 from enum import Enum
-from pathlib import Path
 
 import hydra
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+from nmt.compose import CONFIGS, register_schemas
+
 
 
 def field_descriptions(schema: type) -> dict[str, str]:
@@ -152,8 +152,6 @@ def answer_completion(config_name: str, schema: type, shell: str) -> None:
     if equals and choices is not None:
         print(("\n" if shell == "fish" else " ").join(f"{key}={c}" for c in choices if c.startswith(typed)))
         return
-    from nmt.config import register_schemas
-
     register_schemas()
     sys.argv[1:] = ["-sc", f"query={shell}"]
     hydra.main(version_base="1.3", config_path=str(CONFIGS), config_name=config_name)(lambda cfg: None)()

@@ -5,7 +5,8 @@ import logging
 from omegaconf import OmegaConf
 
 from nmt.cli import hydra_job
-from nmt.config import DataConfig, PrepareJob, register_schemas
+from nmt.config import DataConfig, PrepareJob
+from nmt.compose import register_schemas
 from nmt.data.pipeline import prepare
 
 log = logging.getLogger("nmt.prepare")

@@ -9,9 +9,7 @@ from enum import Enum
 
 from omegaconf import OmegaConf
 
-from nmt.config import DataConfig, ModelConfig, OptimConfig, TrainConfig, TrainJob
-
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+from nmt.config import SECTIONS, TrainJob
 
 
 def plain_job(job: TrainJob) -> dict:

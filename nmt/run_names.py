@@ -1,30 +1,17 @@
 """Where a run lives and what makes it the same run. A single run's default folder is
 outputs/<model>_<data>[.<model overrides>] (configs/train.yaml's hydra.run.dir), a -m sweep's cell's
 <hydra.sweep.dir>/<cell name> (multirun/tiny_multi30k_en_de+experiment-table1+train.seed-1), through the resolvers below: an ablation gets its
-own folder, never the preset's, and never resumes another run. RUN_EXTENSIONS and DATA_PLACES say which fields may
-change on a resume (nmt/checkpoints/resume.py) and stay out of a cell's name."""
+own folder, never the preset's, and never resumes another run. Which fields a cell's name holds is the schema's one
+rule (nmt/config.py Role: defines_cell)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from pathlib import Path
 from typing import Optional
 
-# What only extends, observes or places a run: these train.* fields may differ when a folder's run is resumed
-# (nmt/checkpoints/resume.py) and stay out of a sweep cell's folder name (cell_name below). Every other field of model, optim and
-# train defines the run, and so do the data (compared by what was prepared: nmt/data/pipeline.py's identity) and the
-# effective batch (W x max_tokens x F: the launch may change W and F, not their product).
-RUN_EXTENSIONS = ("max_steps", "max_minutes", "save_every_steps", "save_every_minutes", "keep_last", "average_last",
-                  "log_every", "valid_every", "valid_bleu_sentences", "max_bad_updates", "output_dir", "device",
-                  "threads", "compile", "deterministic", "attention", "tokens_per_update", "update_freq", "score_split", "score_lines",
-                  "best_metric", "patience", "dry_run",
-                  "loss_chunk_tokens", "checkpoint_activations")
-# Where the data is read and prepared, not what it is: a run compares the prepared data's identity (its files'
-# digests, vocabulary and filters), so these data.* fields also stay out of a sweep cell's folder name.
-DATA_PLACES = ("root", "train", "valid", "test", "prepared_dir", "hub_name", "chunk_lines", "workers")
-
+from nmt.config import defines_cell
 
 def model_overrides_suffix(overrides) -> str:
     """".clip-4.rel_value-false" for a run's model.* overrides, "" for none: the default output folder of an
@@ -57,34 +44,15 @@ def data_label(preset: str, src: str, tgt: str, train: Optional[str]) -> str:
     return capped(f"local_{src}_{tgt}." + re.sub(r"[^A-Za-z0-9_-]", "-", corpus), "-h", DATA_LABEL_MAX)
 
 
-def defines_run(section: str, field: str) -> bool:
-    """Whether a config field defines a run (the one rule: a resume compares it, a cell's name holds it)."""
-    return not (section == "train" and field in RUN_EXTENSIONS or section == "data" and field in DATA_PLACES)
-
-
 SECTIONS = ("model", "optim", "train", "data")
-# Fields that define a sweep cell's record though not its run: the split and lines its score was taken on.
-CELL_FIELDS = ("score_split", "score_lines")
 ALWAYS_NAMED = ("train.seed",)  # a row's seeds sit side by side, each named, the recipe's own seed too
 
 
-def defines_cell(section: str, field: str) -> bool:
-    return defines_run(section, field) or section == "train" and field in CELL_FIELDS
-
-
-def cell_name(_root_) -> str:
-    """The resolver of configs/train.yaml's hydra.sweep.subdir: the cell's name (cell_name_of) from its composed
-    config. Only the fields that define the cell are read: train.output_dir is this folder, not yet known."""
-    job = {section: {field: _root_[section][field] for field in _root_[section]
-                     if defines_cell(section, field) or section == "data" and field == "train"}
-           for section in SECTIONS}
-    return cell_name_of(job, dict(_root_.hydra.runtime.choices))
-
-
-def cell_name_of(job: dict, choices: dict, without: tuple[str, ...] = ()) -> str:
+def cell_name_of(job: dict, choices: dict, reference: dict, without: tuple[str, ...] = ()) -> str:
     """A -m sweep cell's folder under the sweep's: the model and data presets, the recipe (+experiment), then every
     field that defines the cell (defines_cell) whose value differs from what those three presets give alone, and
-    the seed, as key-value joined by "+" ("tiny_multi30k_en_de+experiment-table1+model.clip-4+train.seed-2").
+    the seed (`reference`: {section: {field: value}} as the three presets give them, nmt.compose.preset_values), as
+    key-value joined by "+" ("tiny_multi30k_en_de+experiment-table1+model.clip-4+train.seed-2").
     Read from the composed config, not from the overrides' spelling, so two spellings of one run (model.clip=16,
     +ablation=k16, or nothing where 16 is the preset's k) are one cell, which every table that holds it reads; a
     cell of another preset, recipe or seed is another folder, whatever hydra.sweep.dir says. `without` leaves out
@@ -93,7 +61,6 @@ def cell_name_of(job: dict, choices: dict, without: tuple[str, ...] = ()) -> str
     digest of the whole."""
     data = job["data"]
     model, preset, experiment = choices["model"], choices["data"], choices.get("experiment")
-    reference = preset_values(model, preset, experiment)
     parts = [f"{model}_{data_label(preset, data.get('src'), data.get('tgt'), data.get('train'))}"]
     if experiment:
         parts.append(f"experiment-{experiment}")
@@ -113,46 +80,6 @@ def named_value(value) -> str:
     if isinstance(value, bool) or value is None:
         return {True: "true", False: "false", None: "null"}[value]
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-
-
-def cell_name_for(overrides, without: tuple[str, ...] = ()) -> str:
-    """The name of the cell that configs/train.yaml and these overrides compose (the collector's rows are declared
-    by the overrides that sweep them)."""
-    cfg = composed(list(overrides), with_hydra=True)
-    job = {section: {field: None if is_missing(cfg[section], field) else cfg[section][field]
-                     for field in cfg[section] if defines_cell(section, field) or field in ("train", "src", "tgt")}
-           for section in SECTIONS}
-    return cell_name_of(job, dict(cfg.hydra.runtime.choices), without)
-
-
-@functools.cache
-def preset_values(model: str, data: str, experiment: Optional[str]) -> dict:
-    """{section: {field: value}}: the fields that define a cell as the model and data presets and the recipe give
-    them."""
-    cfg = composed([f"model={model}", f"data={data}", *([f"+experiment={experiment}"] if experiment else [])])
-    return {section: {field: None if is_missing(cfg[section], field) else cfg[section][field]
-                      for field in cfg[section] if defines_cell(section, field)}
-            for section in SECTIONS}
-
-
-def composed(overrides: list[str], with_hydra: bool = False):
-    """configs/train.yaml composed with the overrides: inside a Hydra job through its own config loader."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return compose("train", overrides=overrides, return_hydra_config=with_hydra)
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=overrides, return_hydra_config=with_hydra)
-
-
-def is_missing(node, field: str) -> bool:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.is_missing(node, field)
 
 
 CELL_NAME_MAX = 160  # characters: a file name holds 255 bytes, and a path of cells stays readable

@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 from sacrebleu.metrics import BLEU, CHRF
 
 from nmt.cli import hydra_job
-from nmt.config import ScoreJob, register_schemas
+from nmt.config import ScoreJob
+from nmt.compose import register_schemas
 from nmt.data.readers import DataError, read_lines
 from nmt.outputs import output_file, write_json
 

@@ -2,11 +2,11 @@
 
     relnmt-table SWEEP_FOLDER [--rows KEY=VALUE ...] [--baseline KEY=VALUE] [--where KEY=VALUE ...]
     relnmt-table results/README.md [--blocks NAME ...]   # every table there, as results/tables.yaml declares them,
-                                                         # from the cells of results/cells (nmt/page.py)
-                 [--cite FILE ...]                       # and the comparisons the page and FILEs cite (nmt/claims.py)
+                                                         # from the cells of results/cells (nmt/lab/page.py)
+                 [--cite FILE ...]                       # and the comparisons the page and FILEs cite (nmt/lab/claims.py)
 
-Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/record.py) is one seed of a row: the cells
-of one run but for the seed form a row (nmt/collect.py). A row prints its seeds, sacreBLEU (mean +- standard
+Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/lab/record.py) is one seed of a row: the cells
+of one run but for the seed form a row (nmt/lab/collect.py). A row prints its seeds, sacreBLEU (mean +- standard
 deviation over seeds), the tokenized BLEU of the paper's era (compounds split for German targets: nmt/score.py), the
 difference from the baseline row and Welch's t-test against it on per-seed sacreBLEU (where both rows have at
 least 3 seeds), Holm-adjusted over the table. --rows picks rows (each a row whose overrides include it) and their
@@ -26,12 +26,12 @@ import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line, program_name
-from nmt.collect import read_cells
+from nmt.lab.collect import read_cells
 from nmt.data.readers import DataError
 from nmt.errors import UserError
-from nmt.run_names import defines_cell
+from nmt.config import defines_cell
 from nmt.score import tokenized_bleu_of
-from nmt.stats import MIN_SEEDS, holm, mean_sd, welch_test
+from nmt.lab.stats import MIN_SEEDS, holm, mean_sd, welch_test
 
 
 def row_overrides(cells: list[dict]) -> set[str]:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", nargs="+", metavar="NAME", help="a page: only these tables (default: all)")
     parser.add_argument("--samples", type=int, default=1000, help="a page: paired-bootstrap resamples")
     parser.add_argument("--cite", nargs="+", default=[], type=Path, metavar="FILE",
-                        help="a page: also write the comparisons these files cite from its tables (nmt/claims.py)")
+                        help="a page: also write the comparisons these files cite from its tables (nmt/lab/claims.py)")
     args = parser.parse_args(argv)
     with ends_in_one_line("table"):
         if args.folder.suffix == ".md":
@@ -145,8 +145,8 @@ def name_unscored(cells: list[Path]) -> None:
 def write_page(page: Path, blocks: list[str] | None, samples: int, citing: list[Path] = ()) -> None:
     """Replace the page's marked blocks with the tables rebuilt from the cells beside it, then every comparison
     the page and `citing` cite with what those tables computed."""
-    from nmt.claims import cite_files
-    from nmt.page import page_blocks, replace_block
+    from nmt.lab.claims import cite_files
+    from nmt.lab.page import page_blocks, replace_block
 
     if not page.is_file():
         raise DataError(f"{page}: no such page")

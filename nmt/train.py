@@ -7,24 +7,30 @@ stop it cleanly (exit code 75) with a complete checkpoint; Ctrl-C again stops it
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from nmt.batch import micro_batches
-from nmt.cell import is_sweep_cell, run_cell
-from nmt.checkpoints.checkpoint import CheckpointError
+from nmt.checkpoints.checkpoint import BEST, CheckpointError
 from nmt.checkpoints.folder_lock import RUN_BOOKKEEPING, hold_folder
 from nmt.cli import hydra_job
-from nmt.config import ConfigError, TrainJob, register_schemas
+from nmt.config import ConfigError, TrainJob
+from nmt.compose import register_schemas
 from nmt.data.pipeline import prepare
 from nmt.errors import Stopped, UserError
+from nmt.lab.record import checkpoint_to_decode
+from nmt.lab.run import hydra_made_by, is_sweep_cell, run_to_record
 from nmt.outputs import remove_unused_folder
 from nmt.runtime.distributed import rank0_first
 from nmt.runtime.process import Env, setup_env, setup_logging
 from nmt.training.dry_run import dry_run_report, seconds_per_update
 from nmt.training.trainer import Trainer
+
+
+log = logging.getLogger("nmt.train")
 
 
 class TrainingStopped(Stopped):
@@ -92,7 +98,34 @@ def train_in(env: Env, job: TrainJob) -> Path:
             raise TrainingStopped(f"stopped at update {trainer.step}", trainer.stopped_by)
         if env.main:
             trainer.finish()
+            for line in next_steps(job, out, trainer.metrics.last_valid, trainer.data.directory):
+                log.info("%s", line)
     return out
+
+
+def next_steps(job: TrainJob, out: Path, last_valid: tuple[int, dict] | None, prepared: Path) -> list[str]:
+    """What the user reads at the end of a run: its last validation, the model to use (the recipe's checkpoint, the
+    one a record scores: nmt/lab/record.py), and the commands that translate and score the prepared test set with it
+    (or a sentence, without one)."""
+    lines = []
+    if last_valid is not None:
+        step, valid = last_valid
+        said = [f"{name} {valid[key]:.{digits}f}" for key, name, digits in
+                (("nll", "nll", 3), ("ppl", "ppl", 2), ("bleu_greedy", "greedy BLEU", 2)) if key in valid]
+        lines.append(f"last validation (update {step}): {', '.join(said)}")
+    average_last, src, tgt = job.train.average_last, job.data.src, job.data.tgt
+    model = checkpoint_to_decode(out, average_last)
+    lines.append(f"the model to use: {model}" + (f" (the average of the last {average_last} checkpoints)"
+                                                 if average_last > 0 else " (the newest checkpoint)"))
+    if (out / BEST).is_file():
+        lines.append(f"the best on validation (train.best_metric): {out / BEST}")
+    if (prepared / f"test.{src}").is_file():
+        hyp = out / f"test.hyp.{tgt}"
+        lines.append(f"next: relnmt-translate checkpoint={model} input={prepared / f'test.{src}'} output={hyp} && "
+                     f"relnmt-score hyp={hyp} ref={prepared / f'test.{tgt}'}")
+    else:
+        lines.append(f"next: echo 'a sentence' | relnmt-translate checkpoint={model}")
+    return lines
 
 
 register_schemas()
@@ -103,7 +136,13 @@ register_schemas()
 def main(cfg) -> None:
     job = OmegaConf.to_object(cfg)
     if is_sweep_cell():
-        run_cell(job, run)
+        from hydra.core.hydra_config import HydraConfig
+
+        if any(o.startswith("train.output_dir=") for o in HydraConfig.get().overrides.task):
+            raise ConfigError("train.output_dir in a -m sweep would put every cell in one folder: leave it out (each "
+                              "cell trains in hydra.sweep.dir/<its overrides>)")
+    if is_sweep_cell() or job.train.score:
+        run_to_record(job, run, hydra_made_by("relnmt-train"))
     else:
         run(job)
 

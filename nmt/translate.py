@@ -29,7 +29,8 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from nmt.cli import hydra_job
-from nmt.config import DecodeJob, register_schemas
+from nmt.config import DecodeJob
+from nmt.compose import register_schemas
 from nmt.data.readers import DataError
 from nmt.decoding.decode import load_translator, translate_stream
 from nmt.errors import UserError

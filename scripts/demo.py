@@ -8,9 +8,10 @@ alpha 0.6 on test_2016_flickr. The budget is a number of updates, so every machi
 first half, then the linear decay to 0 at update N. `--lines N` decodes and scores only the first N sentences (a
 quick check of the whole chain; its BLEU is not the demo's). `--split valid` scores the validation set instead:
 settings are tuned there, never on test. Extra arguments are Hydra overrides for the training job.
-Writes OUTPUT/{averaged.pt, <split>.hyp.de, score.json}. Stopped (Ctrl-C, SIGTERM), it saves a checkpoint and exits
-75; the same command continues it, to the same result as a run never stopped. A finished run of other settings in
-OUTPUT is replaced; an unfinished one is refused (nmt.experiment.claim_folder).
+Writes OUTPUT/{averaged.pt, <split>.hyp.de, result.json}, as every scored run does (the one lifecycle,
+nmt/lab/run.py): run again, a finished demo says it is done. Stopped (Ctrl-C, SIGTERM), it saves a checkpoint and
+exits 75; the same command continues it, to the same result as a run never stopped. A run of other settings in OUTPUT
+is refused in one line (remove it, or choose another --output).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line
-from nmt.experiment import summary, train_and_score
-from nmt.outputs import write_json
+from nmt.experiment import scored_run_overrides
+from nmt.lab.record import RESULT, summary
+from nmt.lab.run import composed_run
 from nmt.runtime.memory import retain_freed_memory
 from nmt.runtime.precision import experiment_cpu_precision
+from nmt.train import run
 
 
 def main() -> None:
@@ -40,13 +43,13 @@ def main() -> None:
     retain_freed_memory()
     # the recipe's shape at any budget: warmup over the first half, the linear decay to 0 over the second
     budget = [f"train.max_steps={args.updates}", f"optim.warmup={max(1, args.updates // 2)}"] if args.updates else []
-    overrides = ["model=tiny", "data=multi30k_en_de", "+experiment=demo", *budget,
-                 f"train.precision={experiment_cpu_precision().value}", *args.overrides]
+    overrides = scored_run_overrides(args.output, args.split, args.lines, [
+        "model=tiny", "data=multi30k_en_de", "+experiment=demo", *budget,
+        f"train.precision={experiment_cpu_precision().value}", *args.overrides])
     command = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
-        result = train_and_score(overrides, args.output, args.split, args.lines, command)
-    write_json(args.output / "score.json", result)
-    print(f"{summary(result)}; wrote {args.output / 'score.json'}")
+        result = composed_run(overrides, run, command)
+    print(f"{summary(result)}; wrote {args.output / RESULT}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The import graph of the `nmt` package, read from its source (AST, no import runs):
+"""The import graph of the house, the packages nmt, experiments and benchmarks, read from their source (AST, no
+import runs):
 
-    python scripts/import_graph.py [--edges] [--json] [--root nmt]
+    python scripts/import_graph.py [--edges] [--json] [--root PACKAGE ...]
 
 Prints the package's modules, the import edges between them (an import inside a function counts like one at the
 top: a lazy import still ties the two modules together), the circles (strongly connected components of more than
@@ -15,14 +16,18 @@ import json
 import sys
 from pathlib import Path
 
-# The layers, lowest first: a module may import its own layer and those below, never one above. A name is a module
-# or a package (its modules; the top package "nmt" only itself); a module's layer is that of the longest name that
-# holds it.
+# The house, lowest floor first: a module may import its own floor and those below, never one above. A name is a
+# module or a package (its modules); "pkg.*" is every module of pkg that no longer name holds, and a top package's
+# own name only its __init__. A module's floor is that of the longest name that holds it. The NMT library (nmt/ less
+# nmt.lab), then the benchmarks that measure it, then the lab (nmt.lab: a run's lifecycle and record, collection,
+# statistics, the page), the commands over runs, and the studies (experiments/) on top.
 LAYERS = [
-    ["nmt.errors", "nmt.modes", "nmt.machine", "nmt.timing", "nmt.stats", "nmt.progress", "nmt.cluster",
+    ["nmt.errors", "nmt.modes", "nmt.machine", "nmt.timing", "nmt.progress", "nmt.cluster",
      "nmt.workers"],  # leaves: user errors, switches, the machine, small helpers of no stage
-    ["nmt.config", "nmt.fields", "nmt.overrides", "nmt.recorded_config", "nmt.batch", "nmt.run_names",
-     "nmt.outputs", "nmt.runtime"],  # the schemas and their rules, the process
+    ["nmt.config", "nmt.recorded_config", "nmt.batch", "nmt.run_names", "nmt.outputs",
+     "nmt.runtime"],  # the schemas and their one rule (Role), the process
+    ["nmt.compose"],  # configs/ composed over the schemas: a job or a preset's values, for any code above
+    ["nmt.fields", "nmt.overrides"],  # a job's fields for --help and completion, and its overrides checked
     ["nmt.data"],  # readers, vocabulary and its special ids, shards, batching: text and tokens, no model
     ["nmt.kernels"],  # attention kernels: the PyTorch path and the fused op
     ["nmt.modeling"],  # the Transformer, its positions and edges
@@ -30,11 +35,20 @@ LAYERS = [
     ["nmt.training"],  # the trainer and its parts
     ["nmt.cli", "nmt.commands"],  # the Hydra entry every command shares
     ["nmt.prepare", "nmt.average", "nmt.translate", "nmt.score", "nmt.export"],  # the stages' commands
-    ["nmt.cell", "nmt.record", "nmt.collect", "nmt.page", "nmt.claims"],  # the sweep layer: a cell (train -> checkpoint -> decode
-    # -> score) and its record, called by train; the collector, the page of tables that read the records, its claims
+    ["benchmarks.report"],  # the benchmarks' one timing and record helper
+    ["benchmarks.*"],  # speed measurements and the GPU check: they measure the library, never the lab
+    ["nmt.lab.stats", "nmt.lab.record"],  # the lab: statistics; a run's record (decode and score a checkpoint)
+    ["nmt.lab.run", "nmt.lab.collect"],  # a run's one lifecycle; the collector that reads records into rows
+    ["nmt.lab.page", "nmt.lab.claims"],  # the page of tables and verdicts; the check of its sentences
+    ["nmt.lab"],  # the lab package itself (__init__)
     ["nmt.train", "nmt.experiment", "nmt.table"],  # commands over a run or a sweep
     ["nmt"],  # the package itself (__init__)
+    ["experiments.modes", "experiments.grid", "experiments.shortcuts"],  # the studies' switches, runner, chance
+    ["experiments.reach"],  # the reach task, which the other synthetic studies build on
+    ["experiments.edge_values", "experiments.extrapolate"],  # studies over the reach task's parts
+    ["experiments.*"],  # every other study, table and plot
 ]
+ROOTS = ("nmt", "experiments", "benchmarks")  # the packages of the house (scripts/ and tests/ import, none imports them)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -66,18 +80,24 @@ def imported_modules(tree: ast.AST, name: str, is_package: bool, modules: set[st
     return found
 
 
-def import_graph(root: Path) -> dict[str, set[str]]:
-    files = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+def import_graph(roots: list[Path]) -> dict[str, set[str]]:
+    files = {module_name(path, root): path for root in roots for path in sorted(root.rglob("*.py"))}
     return {name: imported_modules(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py",
                                    set(files))
             for name, path in files.items()}
+
+
+def holds(prefix: str, name: str) -> bool:
+    if prefix.endswith(".*"):
+        return name.startswith(prefix[:-1])
+    return name == prefix or ("." in prefix and name.startswith(prefix + "."))
 
 
 def layer_of(name: str) -> int:
     best, layer = -1, None
     for index, names in enumerate(LAYERS):
         for prefix in names:
-            if (name == prefix or ("." in prefix and name.startswith(prefix + "."))) and len(prefix) > best:
+            if holds(prefix, name) and len(prefix) > best:
                 best, layer = len(prefix), index
     if layer is None:
         raise SystemExit(f"{name} is in no layer of scripts/import_graph.py's LAYERS: give it one")
@@ -116,8 +136,8 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def report(root: Path) -> dict:
-    graph = import_graph(root)
+def report(roots: list[Path]) -> dict:
+    graph = import_graph(roots)
     edges = sorted((a, b) for a, targets in graph.items() for b in targets)
     upward = [(a, b) for a, b in edges if layer_of(b) > layer_of(a)]
     return {"modules": len(graph), "edges": edges, "upward": upward, "circles": circles(graph)}
@@ -125,11 +145,13 @@ def report(root: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent / "nmt")
+    parser.add_argument("--root", type=Path, action="append", help="a package to read (default: every one of "
+                        "ROOTS); repeat for more")
     parser.add_argument("--edges", action="store_true", help="list every edge too")
     parser.add_argument("--json", action="store_true", help="the whole report as JSON on stdout")
     args = parser.parse_args()
-    found = report(args.root)
+    house = Path(__file__).resolve().parent.parent
+    found = report(args.root or [house / name for name in ROOTS])
     if args.json:
         print(json.dumps(found, indent=1))
     else:

@@ -16,10 +16,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from nmt.config import register_schemas
+from nmt.compose import register_schemas
 from nmt.outputs import write_json
 from nmt.recorded_config import with_schema_defaults
-from nmt.run_names import SECTIONS, cell_name_for, cell_name_of
+from nmt.compose import named_cell
+from nmt.config import SECTIONS
+from nmt.compose import cell_name_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = ("table1", "table2", "table3", "beyond", "descendants", "length", "lr_check")  # a cell's study: the first
@@ -44,7 +46,7 @@ def cell_of(record: dict) -> str:
     config["train"].update(score_split=record["split"], score_lines=0)
     overrides = dict(o.lstrip("+").split("=", 1) for o in record["command"].split()[4:] if "=" in o)
     choices = {"model": overrides["model"], "data": overrides["data"], "experiment": overrides["experiment"]}
-    return cell_name_of(config, choices), choices, config
+    return named_cell(config, choices), choices, config
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Comparative sentences are computed, not written (nmt/claims.py): every sentence of the results page, the README
+"""Comparative sentences are computed, not written (nmt/lab/claims.py): every sentence of the results page, the README
 and docs/ that compares rows cites a comparison the page's tables computed, says what it says, and shows the clause
 those tables give today; a chance level cites the shortcut check's figure."""
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt.claims import Comparison, chance_uncited, cite, comparisons, disagreements, uncited
+from nmt.lab.claims import Comparison, chance_uncited, cite, comparisons, disagreements, uncited
 from tests.conftest import ROOT
 
 PAGES = [ROOT / "results" / "README.md", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -81,9 +81,9 @@ def test_every_chance_level_cites_the_shortcut_check(page: Path):
 
 @pytest.mark.slow
 def test_every_chance_level_is_the_shortcut_checks_figure():
-    """Each chance marker's figure is the shortcut share it names, computed again (`python -m experiments.shortcuts
+    """Each chance marker's figure is the shortcut share it names, computed again (`python -m experiments.chance
     --cite FILE` writes them)."""
-    from experiments.shortcuts import cite_chance
+    from experiments.chance import cite_chance
 
     for page in PAGES:
         text = page.read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The experiment pipeline (nmt.experiment), the one collector (nmt/collect.py) and the page's tables (nmt/page.py)."""
+"""A scored run (the one lifecycle, nmt/lab/run.py), the one collector (nmt/lab/collect.py) and the page's tables (nmt/lab/page.py)."""
 
 import gzip
 import json
@@ -7,11 +7,13 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from nmt.collect import check_scores, declared_row, declared_rows, read_cells, row_of
-from nmt.config import register_schemas
+from nmt.lab.collect import check_scores, declared_row, declared_rows, read_cells, row_of
+from nmt.compose import register_schemas
 from nmt.data.readers import DataError
-from nmt.experiment import train_and_score
-from nmt.page import page_blocks, replace_block
+from nmt.experiment import scored_run_overrides
+from nmt.lab.run import composed_run
+from nmt.train import run
+from nmt.lab.page import page_blocks, replace_block
 from nmt.score import score
 from tests.conftest import MULTI30K, ROOT, data_overrides, model_overrides
 
@@ -22,9 +24,9 @@ def local_overrides(prepared):
             "train.average_last=2", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1"]
 
 
-def test_train_and_score_records_what_it_ran(prepared, tmp_path):
-    result = train_and_score([*local_overrides(prepared), "model.clip=3", "model.rel_value=false",
-                              "train.seed=7"], tmp_path / "run", split="test")
+def test_a_scored_run_records_what_it_ran(prepared, tmp_path):
+    overrides = [*local_overrides(prepared), "model.clip=3", "model.rel_value=false", "train.seed=7"]
+    result = composed_run(scored_run_overrides(tmp_path / "run", "test", None, overrides), run, "a test")
     assert result["pair"] == "en-de" and result["seed"] == 7 and result["updates"] == 4
     assert result["model"] == {"position": "relative", "clip": 3, "rel_key": True, "rel_value": False,
                                "share_heads": False, "edge_buckets": 0}
@@ -37,8 +39,8 @@ def test_train_and_score_records_what_it_ran(prepared, tmp_path):
 
 
 def fake_cell(folder, hyps: list[str], refs: list[str], seed: int, *overrides: str) -> dict:
-    """A scored cell as nmt/record.py writes one, of `relnmt-train -m +study=table3 <overrides> train.seed=<seed>`."""
-    from nmt.run_names import cell_name_for, composed
+    """A scored cell as nmt/lab/record.py writes one, of `relnmt-train -m +study=table3 <overrides> train.seed=<seed>`."""
+    from nmt.compose import cell_name_for, composed
 
     cfg = composed(["+study=table3", *overrides, f"train.seed={seed}"], with_hydra=True)
     cell = folder / cell_name_for(["+study=table3", *overrides, f"train.seed={seed}"])

@@ -1,7 +1,6 @@
 """A stopped experiment continues: nmt.experiment (and the demo and the sweeps built on it) stopped by a signal exits
-75 in one line with a checkpoint, and the same command ends with the result of a run never stopped; a folder
-holding another experiment's unfinished run is refused, a finished one replaced; two sweeps do not share the cores
-unknowingly."""
+75 in one line with a checkpoint, and the same command ends with the result of a run never stopped; two sweeps do
+not share the cores unknowingly."""
 
 import json
 import os
@@ -12,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
+from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.errors import EXIT_STOPPED
-from nmt.experiment import RECORD, claim_folder
-from nmt.run_names import cell_name_for
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -42,7 +39,7 @@ def test_a_stopped_experiment_run_again_ends_as_one_never_stopped(prepared, tmp_
     assert job.returncode == EXIT_STOPPED and "Traceback" not in stderr, stderr[-2000:]
     assert "run the same command again to continue" in stderr and not (out / "result.json").exists()
     again = subprocess.run(experiment(prepared, out), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "continuing the run in" in again.stderr, again.stderr[-2000:]
+    assert again.returncode == 0, again.stderr[-2000:]
     assert "resuming from" in (out / "train.log").read_text()
     ours, theirs = (json.loads((folder / "result.json").read_text()) for folder in (out, tmp_path / "whole"))
     assert (ours["bleu"], ours["chrf"], ours["updates"]) == (theirs["bleu"], theirs["chrf"], theirs["updates"]) == \
@@ -53,27 +50,6 @@ def test_a_stopped_experiment_run_again_ends_as_one_never_stopped(prepared, tmp_
     assert ours["train_minutes"] == trained
     rescored = subprocess.run(experiment(prepared, out), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert rescored.returncode == 0 and json.loads((out / "result.json").read_text())["train_minutes"] == trained
-
-
-def test_a_folder_of_another_experiment_is_refused_unfinished_and_replaced_finished(tmp_path):
-    mine, theirs = (cell_name_for(["model=tiny", f"model.clip={k}"]) for k in (4, 8))
-    out = tmp_path / "run"
-    claim_folder(out, theirs)
-    (out / "checkpoint_last.pt").write_bytes(b"their updates")
-    with pytest.raises(CheckpointError, match=r"holds an unfinished run of another experiment \(it differs in "
-                                              r"model.clip-4, model.clip-8\).*nothing was changed"):
-        claim_folder(out, mine)
-    assert (out / "checkpoint_last.pt").read_bytes() == b"their updates"
-    claim_folder(out, theirs)  # the same experiment: continued, its files kept
-    assert (out / "checkpoint_last.pt").is_file()
-    (out / RECORD).write_text(json.dumps({"identity": theirs, "finished": True}))
-    claim_folder(out, mine)  # another experiment's finished run: replaced
-    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == [RECORD]
-    assert json.loads((out / RECORD).read_text()) == {"identity": mine, "finished": False}
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "mine" / "notes.txt").write_text("mine")
-    with pytest.raises(CheckpointError, match="unfinished run of another experiment"):  # no record: not ours
-        claim_folder(tmp_path / "mine", mine)
 
 
 def test_the_demo_stopped_exits_75_in_one_line(prepared, tmp_path):

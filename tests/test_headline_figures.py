@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from nmt.collect import read_cells
-from nmt.page import holm_family, load_tables, rate_table, seed_bleu, table_rows
-from nmt.stats import seed_p
+from nmt.lab.collect import read_cells
+from nmt.lab.page import holm_family, load_tables, rate_table, seed_bleu, table_rows
+from nmt.lab.stats import seed_p
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "results"
@@ -72,7 +72,7 @@ def record(path: str) -> dict:
 
 
 def test_the_demo_figures_are_its_records():
-    bf16, fp32 = record("demo/score.json"), record("demo_fp32/score.json")
+    bf16, fp32 = record("demo/result.json"), record("demo_fp32/result.json")
     cell = glance_row("`make demo`")
     check(numbers(r"sacreBLEU (\S+)", cell), [bf16["bleu"]], "demo row")
     printed = numbers(r"\*\*(\S+)\*\* \(bf16; chrF (\S+), compound-split\s+(\S+);\s+(\S+) min to train and decode,[^)]*\) and (\S+) \(fp32,\s+(\S+)"
@@ -89,7 +89,7 @@ def test_the_demo_figures_are_its_records():
 ])
 def test_compared_rows_are_their_seeds_means_and_tests(tables, adjusted, label, part, table, row, reference):
     """The means and SDs the row prints, and the p and Holm-adjusted p of the comparison it cites (its clause is
-    written from the results page's tables: nmt/claims.py), are the seeds' own."""
+    written from the results page's tables: nmt/lab/claims.py), are the seeds' own."""
     rows = tables[table]
     cell = glance_row(label)
     printed = numbers(r"(\S+) ± (\S+) vs (\S+) ± (\S+)", cell.split(" / ")[part])

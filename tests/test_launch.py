@@ -79,7 +79,7 @@ def test_every_multi_node_line_of_the_docs_reaches_its_recipe_batch():
     each on its device count (a refused line would exit 2 on the cluster, before training)."""
     from omegaconf import OmegaConf
 
-    from nmt.experiment import preset_job
+    from nmt.compose import preset_job
 
     launches = multi_node_launches()
     assert {world for _, world, _ in launches} >= {16}, launches  # README's 2 x 8 and the script's 4 x 4

@@ -56,8 +56,9 @@ RULES = [
     # a whole test set from a model of a few updates: greedy and short, the search is tested elsewhere
     (r"^relnmt-translate checkpoint=outputs/(my_en_fr/last5.pt|tiny_multi30k_en_de/last3.pt|demo_shared/ct2) input=",
      " beam=1 max_extra=5"),
-    (r"^relnmt-experiment --output outputs/my_en_fr",
-     " train.max_steps=4 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0 --lines 10"),
+    (r"^relnmt-train model=tiny data=local .* train.output_dir=outputs/my_en_fr.no_av train.score=true",
+     " train.max_steps=4 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"
+     " train.score_lines=10"),
     (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.keep_last=5$",  # validated once: best
      " train.max_steps=6 train.save_every_steps=2 train.valid_every=6 train.valid_bleu_sentences=0"),
     (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.init_from=",

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from nmt.experiment import compose_job
+from nmt.compose import compose_job
 from nmt.cli import program_name
 from tests.conftest import ROOT
 

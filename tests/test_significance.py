@@ -8,9 +8,9 @@ import statistics
 
 import pytest
 
-from nmt.stats import (ALPHA, detectable_difference, holm, holm_levels, p_cell, regularized_beta, seed_p, t_quantile,
+from nmt.lab.stats import (ALPHA, detectable_difference, holm, holm_levels, p_cell, regularized_beta, seed_p, t_quantile,
                        t_two_sided_p, verdict, welch_test)
-from nmt.claims import generated_tables
+from nmt.lab.claims import generated_tables
 from tests.conftest import ROOT
 
 

@@ -12,9 +12,9 @@ import torch
 import yaml
 
 from nmt.checkpoints.checkpoint import LAST
-from nmt.config import register_schemas
-from nmt.page import page_blocks
-from nmt.run_names import composed
+from nmt.compose import register_schemas
+from nmt.lab.page import page_blocks
+from nmt.compose import composed
 from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

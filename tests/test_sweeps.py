@@ -18,8 +18,9 @@ from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint
 from nmt.checkpoints.resume import check_same_config
 from nmt.overrides import sweep_checks
 from nmt.config import OptimConfig
-from nmt.config import register_schemas
-from nmt.run_names import CELL_NAME_MAX, capped, cell_name_for
+from nmt.compose import register_schemas
+from nmt.run_names import CELL_NAME_MAX, capped
+from nmt.compose import cell_name_for
 from tests.conftest import ROOT, data_overrides, micro_config, model_overrides, one_error_line
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -227,7 +228,7 @@ def test_a_cell_its_tasks_cannot_train_is_refused_before_any_job(prepared, tmp_p
 
 
 def test_the_other_ranks_wait_for_rank_0s_score_and_stop_when_it_failed(tmp_path):
-    from nmt.cell import wait_for_score
+    from nmt.lab.run import wait_for_score
     from nmt.errors import UserError
 
     result, failed = tmp_path / "result.json", tmp_path / ".score_failed"

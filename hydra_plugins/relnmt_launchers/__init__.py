@@ -1,5 +1,5 @@
 """Hydra's submitit launchers, as configs/hydra/launcher/{slurm,local_jobs}.yaml name them (their _target_), made
-safe for a sweep of cells (nmt/cell.py):
+safe for a sweep of cells (nmt/lab/run.py):
 
 - before submitting, each cell's config is composed as its job will compose it: a scored cell is not submitted
   (it would wait in the queue for its whole allocation, only to end at once), nor, with hydra.launcher.cells=failed,
@@ -9,7 +9,7 @@ safe for a sweep of cells (nmt/cell.py):
 - a job whose cell crashed fails (Hydra's run_job would hand the exception back as a result: "Job completed
   successfully");
 - the submitting command names each failed cell in one line as soon as its job ends (its folder, why, its logs), waits
-  for the other cells, and ends naming every failed cell; each failed cell's folder keeps the line (nmt.cell.FAILED).
+  for the other cells, and ends naming every failed cell; each failed cell's folder keeps the line (nmt.lab.run.FAILED).
 
 Everything else is the plugin's (pip install -e '.[cluster]'). Hydra finds launchers only in the hydra_plugins
 namespace, hence this package's place; without the plugin it defines nothing."""
@@ -145,7 +145,7 @@ class _Cells:
     def to_submit(self, job_overrides) -> list[tuple[int, list[str], Path]]:
         """(index, overrides, folder) of the cells to submit: not scored (nor, with cells=failed, without a failed
         job); every cell's batch within reach of nodes x tasks_per_node tasks, else one line and exit 2."""
-        from nmt.cell import FAILED, cell_finished
+        from nmt.lab.run import FAILED, done_record
         from nmt.config import ConfigError
         from nmt.batch import micro_batches
 
@@ -161,7 +161,7 @@ class _Cells:
             except ConfigError as refused:
                 raise user_error(f"the sweep was not submitted, no cell runs: cell {folder.name} on "
                                  f"hydra.launcher.nodes x tasks_per_node = {tasks} task(s): {refused}") from None
-            if cell_finished(job):
+            if done_record(job) is not None:
                 done.append(folder)
             elif self.cells == "unscored" or (folder / FAILED).is_file():
                 chosen.append((index, list(overrides), folder))
@@ -214,8 +214,8 @@ class _Cells:
 
 def wait_for_cells(jobs: list) -> list:
     """Every job's result, waiting for all of them: each failed cell said in one line as its job ends (and kept in
-    its folder, nmt.cell.FAILED); then one line naming every failed cell, exit 1. Ctrl-C names the cells still running."""
-    from nmt.cell import FAILED
+    its folder, nmt.lab.run.FAILED); then one line naming every failed cell, exit 1. Ctrl-C names the cells still running."""
+    from nmt.lab.run import FAILED
 
     pending, results, failed = list(jobs), [], []
     try:

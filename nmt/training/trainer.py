@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from nmt.batch import effective_batch_line, effective_tokens, micro_batches
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
-from nmt.checkpoints.checkpoint import BEST, Checkpointer, global_data_position, numbered_checkpoints, rank_rng
+from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng
 from nmt.checkpoints.finetune import initial_weights
 from nmt.checkpoints.folder_lock import announce_stopping
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
@@ -200,7 +200,7 @@ class Trainer:
             log.info("final validation took %.1f s", time.monotonic() - self.final_started)
         if self.cfg.average_last > 0:
             average_last(self.out, self.cfg.average_last)
-        log_summary(self)
+        log_done(self.step, self.train_seconds(), time.monotonic() - self.start_time, self.earlier_seconds > 0)
 
 
 def check_attention(attention: AttentionBackend, model: ModelConfig, amp_dtype: torch.dtype | None,
@@ -232,38 +232,6 @@ def average_last(out: Path, last: int) -> None:
     log.info("%s", averaging_note(paths, left_out, write_average(paths, out / "averaged.pt")))
 
 
-def log_summary(trainer: Trainer) -> None:
-    """The end of a run: its updates and minutes, its last validation, the model to use and what to run next."""
-    log_done(trainer.step, trainer.train_seconds(), time.monotonic() - trainer.start_time, trainer.earlier_seconds > 0)
-    for line in next_steps(trainer.out, trainer.cfg.average_last, trainer.metrics.last_valid, trainer.data.directory,
-                           trainer.job.data.src, trainer.job.data.tgt):
-        log.info("%s", line)
-
-
 def log_done(step: int, train_seconds: float, session_seconds: float, resumed: bool) -> None:
     log.info("done: %d updates in %.1f minutes of training%s", step, train_seconds / 60,
              f" ({session_seconds / 60:.1f} in this session)" if resumed else "")
-
-
-def next_steps(out: Path, average_last: int, last_valid: tuple[int, dict] | None, prepared: Path, src: str,
-               tgt: str) -> list[str]:
-    """The end of a run's summary: its last validation, the model to use, and the commands that translate and score
-    the prepared test set with it (or a sentence, without one)."""
-    lines = []
-    if last_valid is not None:
-        step, valid = last_valid
-        said = [f"{name} {valid[key]:.{digits}f}" for key, name, digits in
-                (("nll", "nll", 3), ("ppl", "ppl", 2), ("bleu_greedy", "greedy BLEU", 2)) if key in valid]
-        lines.append(f"last validation (update {step}): {', '.join(said)}")
-    model = out / "averaged.pt" if average_last > 0 else numbered_checkpoints(out)[-1]
-    lines.append(f"the model to use: {model}" + (f" (the average of the last {average_last} checkpoints)"
-                                                 if average_last > 0 else " (the newest checkpoint)"))
-    if (out / BEST).is_file():
-        lines.append(f"the best on validation (train.best_metric): {out / BEST}")
-    if (prepared / f"test.{src}").is_file():
-        hyp = out / f"test.hyp.{tgt}"
-        lines.append(f"next: relnmt-translate checkpoint={model} input={prepared / f'test.{src}'} output={hyp} && "
-                     f"relnmt-score hyp={hyp} ref={prepared / f'test.{tgt}'}")
-    else:
-        lines.append(f"next: echo 'a sentence' | relnmt-translate checkpoint={model}")
-    return lines

@@ -1,8 +1,8 @@
 """The one record of a finished run, CELL/result.json: the recipe's checkpoint (averaged.pt where it averages, else
 the newest) decoded on a split of the prepared data (beam 4, alpha 0.6), the hypotheses beside it, the scores
 (nmt/score.py), and what made the run (its overrides, composed choices and resolved config). Written whole or not
-at all by `finish_run`, which every path ends in: a sweep's cell (nmt/cell.py), one experiment (nmt/experiment.py)
-and the demo; nmt/collect.py reads it back."""
+at all by `finish_run`, which every path ends in: a sweep's cell (nmt/lab/run.py), one experiment (nmt/experiment.py)
+and the demo; nmt/lab/collect.py reads it back."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from nmt.decoding.decode import load_translator, translate_lines
 from nmt.machine import host, machine
 from nmt.outputs import write_json
 from nmt.runtime.process import resolve_device
-from nmt.score import score
+from nmt.score import score, tokenized_bleu_of, tokenized_label
 
 RESULT = "result.json"
 CHOICES = ("model", "data", "experiment")  # the presets that name a cell (nmt/run_names.py cell_name_of)
@@ -30,7 +30,7 @@ def checkpoint_to_decode(output: Path, average_last: int, log=None) -> Path:
     checkpoint, said in a log line. A recipe without averaging still ends in its score."""
     if average_last > 0:
         return output / "averaged.pt"
-    newest = numbered_checkpoints(output)[-1]
+    newest = (numbered_checkpoints(output) or [output / LAST])[-1]  # the numbered ones deleted: the final state
     if log is not None:
         log.info("train.average_last=0: decoding the newest checkpoint, %s (no average)", newest.name)
     return newest
@@ -79,3 +79,13 @@ def finish_run(job: TrainJob, out: Path, resolved: dict, overrides: list[str], c
                    "choices": {name: choices.get(name) for name in CHOICES}, "config": resolved})
     write_json(out / RESULT, result)
     return result
+
+
+def summary(result: dict) -> str:
+    """What a scored run prints: its scores, then its minutes of training over every session of the run (a resumed
+    run's earlier ones too) and of scoring."""
+    return (f"\nsacreBLEU  {result['bleu_line']}\nsignature  {result['signature']}\n"
+            f"chrF {result['chrf']:.2f}   {tokenized_label(result['pair'].split('-')[1])} "
+            f"{tokenized_bleu_of(result):.2f}\n"
+            f"{result['updates']} updates; {result['train_minutes']:.1f} min of training (every session of the run), "
+            f"{result['score_minutes']:.1f} min of decoding and scoring, on {result['device']}")

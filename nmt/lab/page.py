@@ -7,11 +7,11 @@ Each row: sacreBLEU mean ± sample std over its seeds (n = seeds found), chrF, t
 against. The verdict's: Welch's t-test on the per-seed BLEU (the seed is the unit, so the p-value counts seed
 variance; none for a row of fewer than 3 seeds), Holm-adjusted over one family: every distinct seed-level
 comparison the file declares (one comparison printed in two tables counts once, so it gets one verdict); the verdict
-column reads the adjusted p only (nmt/stats.py verdict). Beside it, sacrebleu's paired bootstrap (`--paired-bs`;
+column reads the adjusted p only (nmt/lab/stats.py verdict). Beside it, sacrebleu's paired bootstrap (`--paired-bs`;
 1,000 resamples, seed 12345) on the concatenation of the seeds' hypotheses (seed k against seed k), which resamples
 sentences only: it shows whether the test set could tell the two systems apart, not whether other seeds would;
 0.001 is its floor at 1,000 resamples. Every cell's BLEU, chrF and tokenized BLEU are scored again from its
-hypotheses first (nmt/collect.py check_scores)."""
+hypotheses first (nmt/lab/collect.py check_scores)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from nmt.collect import declared_rows, read_cells, reference_lines
+from nmt.lab.collect import declared_rows, read_cells, reference_lines
 from nmt.score import tokenized_bleu_of
-from nmt.stats import MIN_SEEDS, holm, holm_levels, mean_sd, p_cell, seed_noise, seed_p, verdict
+from nmt.lab.stats import MIN_SEEDS, holm, holm_levels, mean_sd, p_cell, seed_noise, seed_p, verdict
 
 LENGTH_BUCKETS = [(1, 9), (10, 12), (13, 15), (16, 19), (20, 999)]
 TOKENIZED_COLUMN = "tokenized BLEU (de: compounds split; fr: not)"
@@ -82,7 +82,7 @@ def seed_bleu(seeds: dict[int, dict]) -> tuple[float, ...]:
 def holm_family(tables: dict[str, tuple[dict, dict]]) -> dict[tuple, tuple[float, float]]:
     """The family the page concludes from: every distinct seed-level comparison the page declares (one comparison
     printed in two tables, the same cells, counts once), each Holm-adjusted over all of them, with the level Holm's
-    step-down held it to (nmt/stats.py holm_levels); keyed by the two rows' per-seed BLEU."""
+    step-down held it to (nmt/lab/stats.py holm_levels); keyed by the two rows' per-seed BLEU."""
     raw = {}
     for table, rows in tables.values():
         for name, references in comparisons(table, rows).items():
@@ -167,7 +167,7 @@ def seeds_note(n: int) -> str:
 
 def best_rate(rates: dict[str, list[float]]) -> str:
     """The rate with the highest mean validation BLEU, and what seed noise allows of its lead over the next
-    (nmt.stats.seed_noise over the seeds of the mode's rates run more than once)."""
+    (nmt.lab.stats.seed_noise over the seeds of the mode's rates run more than once)."""
     ranked = sorted(rates, key=lambda rate: -statistics.mean(rates[rate]))
     best = ranked[0]
     label = f"{best.replace('lr', '×')}{' (the shared rate)' if best == 'lr1' else ''}"

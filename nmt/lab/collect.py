@@ -1,4 +1,4 @@
-"""The one collector: a sweep's cells (DIR/<cell>/result.json, written by nmt/record.py) grouped into rows.
+"""The one collector: a sweep's cells (DIR/<cell>/result.json, written by nmt/lab/record.py) grouped into rows.
 
 A row is the cells of one run but for the seed: the cell's name less its seed (nmt/run_names.py cell_name_of),
 computed from the config each result records, so two spellings of one run are one row. The tables of
@@ -15,9 +15,11 @@ from pathlib import Path
 
 from nmt.data.readers import DataError
 from nmt.recorded_config import with_schema_defaults
-from nmt.run_names import SECTIONS, cell_name_for, cell_name_of
+from nmt.compose import named_cell
+from nmt.config import SECTIONS
+from nmt.compose import cell_name_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # the bundled Multi30k files a cell's split is scored against (the tables: test; the learning-rate check: valid)
 SPLIT_SOURCE = {"test": ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz",
                 "valid": ROOT / "data" / "multi30k" / "val.{lang}.gz"}
@@ -28,7 +30,7 @@ WITHOUT_SEED = ("train.seed",)
 def row_of(result: dict) -> str:
     """The row a cell's result belongs to: its cell's name less the seed."""
     config = {section: with_schema_defaults(section, result["config"].get(section, {})) for section in SECTIONS}
-    return cell_name_of(config, result["choices"], WITHOUT_SEED)
+    return named_cell(config, result["choices"], WITHOUT_SEED)
 
 
 def read_cells(folder: Path) -> tuple[dict[str, list[dict]], list[Path]]:

@@ -1,6 +1,6 @@
 """Significance with the seed as the unit: Welch's t-test on per-seed scores (Welch 1947), Holm-adjusted over a
 family of comparisons (Holm 1979), and the smallest difference a null result could have detected, with no
-dependency beyond the standard library; every table (nmt/table.py, nmt/page.py) compares rows with them.
+dependency beyond the standard library; every table (nmt/table.py, nmt/lab/page.py) compares rows with them.
 
 A run's BLEU varies with its seed (initialization, dropout, data order) by more than sentence resampling shows:
 sacrebleu's paired bootstrap on the seeds' concatenated hypotheses measures only the second, so its p-value says

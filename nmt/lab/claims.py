@@ -24,7 +24,7 @@ states one (`chance_uncited`) cites it with `<!-- chance TASK LENGTH SHARE -->FI
 `offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares) or `marker`
 (experiments/edge_values.py), SHARE a key of `shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the
 commonest symbol 3 or more places to the left) or of `marker_shortcuts`,
-FIGURE its value on the evaluation batch of seed 1, written by `python -m experiments.shortcuts --cite FILE ...`
+FIGURE its value on the evaluation batch of seed 1, written by `python -m experiments.chance --cite FILE ...`
 (experiments depend on nmt, never the reverse).
 """
 
@@ -88,7 +88,7 @@ def table_cells(line: str) -> list[str]:
 
 
 def generated_tables(text: str) -> list[list[dict]]:
-    """Each BLEU table that relnmt-table wrote (nmt/page.py: the header with the Holm and verdict columns): its rows
+    """Each BLEU table that relnmt-table wrote (nmt/lab/page.py: the header with the Holm and verdict columns): its rows
     as {column: cell}."""
     tables, lines = [], text.splitlines()
     for i, line in enumerate(lines):

@@ -12,7 +12,8 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from nmt.config import SECTIONS, AverageJob, DecodeJob, ExportJob, PrepareJob, ScoreJob, TrainJob, defines_cell
+from nmt.config import SECTIONS, AverageJob, DecodeJob, ExportJob, PrepareJob, ScoreJob, TrainJob
+from nmt.recorded_config import defines_cell
 from nmt.run_names import cell_name_of, data_label, init_from_suffix, model_overrides_suffix
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # the presets' one home

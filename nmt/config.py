@@ -2,48 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Optional
 
 from omegaconf import MISSING
 
 from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
 from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, bucket_rule
-
-
-class Role(str, Enum):
-    """What a field of a training job is to its run: the one rule that a sweep cell's name, "finished" (a run's
-    record, nmt/lab/record.py), resume (nmt/checkpoints/resume.py) and fine-tuning (nmt/checkpoints/finetune.py) read.
-    Declared on each field below (extends(...), places(...), ...); a field that declares none defines the run."""
-
-    weights = "weights"  # what the weights compute (every model.* field but dropout): a fine-tuning checkpoint too
-    defines = "defines"  # the trained and scored model: a resume may not change it, a cell's name holds it
-    scores = "scores"  # what the run's score is taken on: a cell's name holds it, a resume may change it
-    extends = "extends"  # the budget: a larger one continues the run; a run is finished at the budget it was given
-    places = "places"  # where, how fast, how often it saves, logs or reads its files: never what the run is
-
-
-def with_role(role: Role, default, **kwargs):
-    """A schema field's default that declares its role (Role)."""
-    return field(default=default, metadata={"role": role}, **kwargs)
-
-
-def defines(default):
-    return with_role(Role.defines, default)
-
-
-def scores(default):
-    return with_role(Role.scores, default)
-
-
-def extends(default):
-    return with_role(Role.extends, default)
-
-
-def places(default):
-    return with_role(Role.places, default)
+from nmt.roles import defines, extends, places, scores
 
 
 def valid_device(name: str) -> bool:
@@ -324,32 +290,3 @@ class ScoreJob:
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}  # a TrainJob's
-
-
-def role(section: str, name: str) -> Role | None:
-    """The role a field of a training job declares (Role); None for a name the schema no longer has (an old record's)."""
-    found = next((f for f in dataclasses.fields(SECTIONS[section]) if f.name == name), None) \
-        if section in SECTIONS else None
-    if found is None:
-        return None
-    return found.metadata.get("role", Role.weights if section == "model" else Role.defines)
-
-
-def defines_run(section: str, name: str) -> bool:
-    """A resume compares it: another value is another run (nmt/checkpoints/resume.py)."""
-    return role(section, name) in (Role.weights, Role.defines)
-
-
-def defines_cell(section: str, name: str) -> bool:
-    """A -m sweep cell's name holds it (nmt/run_names.py): the run and what its score is taken on."""
-    return role(section, name) in (Role.weights, Role.defines, Role.scores)
-
-
-def defines_record(section: str, name: str) -> bool:
-    """A run's record (result.json) is this job's, and the job is done, when the two agree on it (nmt/lab/record.py)."""
-    return role(section, name) in (Role.weights, Role.defines, Role.scores, Role.extends)
-
-
-def defines_weights(section: str, name: str) -> bool:
-    """A fine-tuning checkpoint must agree on it (nmt/checkpoints/finetune.py): what its weights compute."""
-    return role(section, name) == Role.weights

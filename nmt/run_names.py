@@ -2,7 +2,7 @@
 outputs/<model>_<data>[.<model overrides>] (configs/train.yaml's hydra.run.dir), a -m sweep's cell's
 <hydra.sweep.dir>/<cell name> (multirun/tiny_multi30k_en_de+experiment-table1+train.seed-1), through the resolvers below: an ablation gets its
 own folder, never the preset's, and never resumes another run. Which fields a cell's name holds is the schema's one
-rule (nmt/config.py Role: defines_cell)."""
+rule (the Role each field declares in nmt/config.py, read by nmt/recorded_config.py defines_cell)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from nmt.config import defines_cell
+from nmt.recorded_config import defines_cell
 
 def model_overrides_suffix(overrides) -> str:
     """".clip-4.rel_value-false" for a run's model.* overrides, "" for none: the default output folder of an

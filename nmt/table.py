@@ -6,12 +6,15 @@
                  [--cite FILE ...]                       # and the comparisons the page and FILEs cite (nmt/lab/claims.py)
 
 Every cell of the sweep (SWEEP_FOLDER/<cell>/result.json, written by nmt/lab/record.py) is one seed of a row: the cells
-of one run but for the seed form a row (nmt/lab/collect.py). A row prints its seeds, sacreBLEU (mean +- standard
-deviation over seeds), the tokenized BLEU of the paper's era (compounds split for German targets: nmt/score.py), the
-difference from the baseline row and Welch's t-test against it on per-seed sacreBLEU (where both rows have at
-least 3 seeds), Holm-adjusted over the table. --rows picks rows (each a row whose overrides include it) and their
-order; rows are named by the overrides in which they differ. Cells without a score (training, failed) and rows
-asked for but not found are named on stderr; a missing row ends the command with exit 2, after the table.
+of one run but for the seed form a row (nmt/lab/collect.py), named by the overrides in which the rows differ. The
+table is the page's (nmt/lab/page.py bleu_table, the same code): each cell's scores checked against its hypotheses
+and the references its record names, sacreBLEU (mean +- standard deviation over seeds), chrF, the tokenized BLEU of
+the paper's era, and each row against --baseline: Welch's t-test on per-seed sacreBLEU (rows of at least 3 seeds),
+Holm-adjusted over this table's comparisons, the verdict word (a null with the smallest difference the seeds could
+have detected at the corrected level) and sacrebleu's paired bootstrap. A row scored on another split, reference or
+line count than the baseline is not compared (said on stderr). --rows picks rows (each a row whose overrides include
+it) and their order. Cells without a score (training, failed, a record cut short) and rows asked for but not found
+are named on stderr; a missing row ends the command with exit 2, after the table.
 
     relnmt-table multirun/base_wmt14_en_de --rows ablation=k0 ablation=k16 --baseline ablation=k16 \
         --where experiment=paper_base
@@ -20,18 +23,17 @@ asked for but not found are named on stderr; a missing row ends the command with
 from __future__ import annotations
 
 import argparse
+import logging
 import re
-import statistics
 import sys
 from pathlib import Path
 
 from nmt.cli import ends_in_one_line, program_name
-from nmt.lab.collect import read_cells
 from nmt.data.readers import DataError
 from nmt.errors import UserError
-from nmt.config import defines_cell
-from nmt.score import tokenized_bleu_of
-from nmt.lab.stats import MIN_SEEDS, holm, mean_sd, welch_test
+from nmt.lab.collect import check_scores, read_cells, reference_source
+from nmt.lab.page import bleu_table, holm_family
+from nmt.recorded_config import defines_cell
 
 
 def row_overrides(cells: list[dict]) -> set[str]:
@@ -70,42 +72,45 @@ def natural_key(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def model_summary(model: dict) -> str:
-    """What a row trained, read from its result (an override given twice shows here, not only in the row's name)."""
-    if model["position"] not in ("relative", "both"):  # no edge tables: k, a^K and a^V mean nothing
-        return f"{model['position']}, -, -, -"
-    return f"{model['position']}, {model['clip']}, {str(model['rel_key']).lower()}, {str(model['rel_value']).lower()}"
+def comparable(row: dict[int, dict], base: dict[int, dict]) -> bool:
+    """Whether two rows were scored on the same thing (split, reference, lines): only then is one tested against
+    the other."""
+    def scored_on(seeds):
+        return {(r.get("split"), str(reference_source(r)), r.get("sentences")) for r in seeds.values()}
+    return scored_on(row) == scored_on(base) and len(scored_on(row)) == 1
 
 
-def markdown_table(picked: list[tuple[str, list[dict]]], baseline: str | None) -> str:
-    """The rows, each named by the overrides in which the picked rows differ."""
+def sweep_table(picked: list[tuple[str, list[dict]]], baseline: str | None, samples: int) -> str:
+    """The rows, each named by the overrides in which the picked rows differ, through the page's code
+    (nmt/lab/page.py bleu_table): every score checked against its hypotheses, each row tested against the baseline
+    (Welch on per-seed BLEU, Holm over this table's comparisons, the verdict word, the detectable difference at the
+    corrected level, the paired bootstrap); a row scored on another split, reference or line count is not."""
     shared = set.intersection(*(row_overrides(cells) for _, cells in picked))
-    base = next((cells for _, cells in picked if baseline.lstrip("+") in row_overrides(cells)), None) if baseline \
-        else None
+    names = [" ".join(sorted(row_overrides(cells) - shared)) or "(the shared overrides)" for _, cells in picked]
+    rows = {}
+    for name, (_, cells) in zip(names, picked):
+        for result in cells:
+            result["hyps"] = (result["folder"] / result["hyp"]).read_text(encoding="utf-8").split("\n")[:-1]
+            check_scores(result)
+        rows[name] = {result["seed"]: result for result in cells}
+    base = next((name for name, (_, cells) in zip(names, picked)
+                 if baseline.lstrip("+") in row_overrides(cells)), None) if baseline else None
     if baseline and base is None:
         raise DataError(f"--baseline {baseline}: no picked row holds it")
-    split = picked[0][1][0]["split"]
-    lines = [f"| row | model (position, k, a^K, a^V) | seeds | sacreBLEU ({split}) | tokenized BLEU (de: compounds "
-             f"split) | Δ sacreBLEU vs {baseline or '-'} | Welch p (seeds) | Holm p (this table) |",
-             "|---|---|---|---|---|---|---|---|"]
-    compared = [cells for _, cells in picked if base is not None and cells is not base
-                and min(len(cells), len(base)) >= MIN_SEEDS]  # the family the Holm column corrects for
-    raw = {id(cells): welch_test([c["bleu"] for c in cells], [c["bleu"] for c in base])[2] for cells in compared}
-    adjusted = dict(zip(raw, holm(list(raw.values()))))
-    for _, cells in picked:
-        name = " ".join(sorted(row_overrides(cells) - shared)) or "(the shared overrides)"
-        bleu = [c["bleu"] for c in cells]
-        delta, p, p_holm = "", "", ""
-        if base is not None and cells is not base:
-            delta = f"{statistics.mean(bleu) - statistics.mean(c['bleu'] for c in base):+.2f}"
-            p, p_holm = ((f"{raw[id(cells)]:.3f}", f"{adjusted[id(cells)]:.3f}") if id(cells) in raw
-                         else (f"n < {MIN_SEEDS} seeds", ""))
-        split_bleu = mean_sd([tokenized_bleu_of(c) for c in cells])
-        lines.append(f"| {name} | {model_summary(cells[0]['model'])} | {len(cells)} | {mean_sd(bleu)} | {split_bleu} | "
-                     f"{delta} | {p} | {p_holm} |")
+    others = [name for name in rows if base is not None and name != base]
+    against = {name: [base] for name in others if comparable(rows[name], rows[base])}
+    apart = [name for name in others if name not in against]
+    if apart:
+        print(f"not compared with {base}, scored on another split, reference or line count: {', '.join(apart)}",
+              file=sys.stderr)
+    table = {"against": against}
+    adjusted = holm_family({"sweep": (table, rows)})
     signatures = sorted({c["signature"] for _, cells in picked for c in cells})
-    return "\n".join([*lines, "", f"Shared by every row: {' '.join(sorted(shared)) or 'nothing'}",
-                      *(f"sacreBLEU signature: {s}" for s in signatures)]) + "\n"
+    scored = sorted({f"{r.get('split')} ({r.get('sentences')} sentences of {reference_source(r).name})"
+                     for seeds in rows.values() for r in seeds.values()})
+    return "\n".join([bleu_table(table, rows, samples, adjusted, "this table"), "",
+                      f"Shared by every row: {' '.join(sorted(shared)) or 'nothing'}",
+                      f"Scored on: {'; '.join(scored)}", *(f"sacreBLEU signature: {s}" for s in signatures)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,10 +122,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
                         help="only the rows holding these overrides (those that define a run; others are ignored)")
     parser.add_argument("--blocks", nargs="+", metavar="NAME", help="a page: only these tables (default: all)")
-    parser.add_argument("--samples", type=int, default=1000, help="a page: paired-bootstrap resamples")
+    parser.add_argument("--samples", type=int, default=1000, help="paired-bootstrap resamples")
     parser.add_argument("--cite", nargs="+", default=[], type=Path, metavar="FILE",
                         help="a page: also write the comparisons these files cite from its tables (nmt/lab/claims.py)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")  # a broken cell's line (nmt/lab/collect.py)
     with ends_in_one_line("table"):
         if args.folder.suffix == ".md":
             return write_page(args.folder, args.blocks, args.samples, args.cite)
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             raise DataError(f"no cell of {args.folder} holds a result.json: its sweep has not scored a cell yet")
         picked, missing = pick(rows, args.rows, args.where)
         if picked:
-            sys.stdout.write(markdown_table(picked, args.baseline))
+            sys.stdout.write(sweep_table(picked, args.baseline, args.samples))
         if missing:
             raise UserError(f"no single row of {args.folder} for {', '.join(missing)}; its rows: "
                             + ", ".join(sorted(rows)))

@@ -22,7 +22,7 @@ from pathlib import Path
 # nmt.lab), then the benchmarks that measure it, then the lab (nmt.lab: a run's lifecycle and record, collection,
 # statistics, the page), the commands over runs, and the studies (experiments/) on top.
 LAYERS = [
-    ["nmt.errors", "nmt.modes", "nmt.machine", "nmt.timing", "nmt.progress", "nmt.cluster",
+    ["nmt.errors", "nmt.modes", "nmt.roles", "nmt.machine", "nmt.timing", "nmt.progress", "nmt.cluster",
      "nmt.workers"],  # leaves: user errors, switches, the machine, small helpers of no stage
     ["nmt.config", "nmt.recorded_config", "nmt.batch", "nmt.run_names", "nmt.outputs",
      "nmt.runtime"],  # the schemas and their one rule (Role), the process

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nmt.average import average
-from nmt.checkpoints.checkpoint import BEST, LAST, load_checkpoint, numbered_checkpoints, save_best
+from nmt.checkpoints.checkpoint import BEST, LAST, CheckpointError, load_checkpoint, numbered_checkpoints, save_best
 from nmt.config import ConfigError, TrainConfig
 from nmt.errors import Stopped, UserError
 from nmt.modes import BestMetric
@@ -84,8 +84,9 @@ def test_best_checkpoint_holds_the_best_validations_weights_and_patience_ends_th
 
     run(early_job(prepared, tmp_path, metric))  # the same command again: the run stays ended
     assert load_checkpoint(tmp_path / LAST)["step"] == 8
-    run(early_job(prepared, tmp_path, metric, patience=0))  # patience may change on a resume: it goes on
-    assert load_checkpoint(tmp_path / LAST)["step"] == 12 and load_checkpoint(tmp_path / BEST)["step"] == 12
+    with pytest.raises(CheckpointError, match=r"train.patience=0 \(the folder's run: 2\)"):
+        run(early_job(prepared, tmp_path, metric, patience=0))  # patience decides the scored model: another run
+    assert load_checkpoint(tmp_path / LAST)["step"] == 8
 
 
 @pytest.mark.parametrize("sigterm_after", [3, 5, 6])

@@ -48,7 +48,8 @@ def fake_cell(folder, hyps: list[str], refs: list[str], seed: int, *overrides: s
     (cell / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     config = {section: {k: v for k, v in OmegaConf.to_container(cfg[section], enum_to_str=True).items()
                         if k != "output_dir"} for section in ("model", "optim", "train", "data")}
-    result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "split": "test", **score(hyps, refs, "de"),
+    result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "split": cfg.train.score_split,
+              **score(hyps, refs, "de"),
               "overrides": list(overrides), "config": config,
               "choices": {name: cfg.hydra.runtime.choices.get(name) for name in ("model", "data", "experiment")}}
     (cell / "result.json").write_text(json.dumps(result))
@@ -81,6 +82,40 @@ def test_the_collector_groups_cells_into_rows_and_tests_them_against_the_full_mo
     page.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
     page.write_text(replace_block(page.read_text(), "table3", table))
     assert "old" not in page.read_text() and table in page.read_text() and "after" in page.read_text()
+
+
+def multi30k(split: str) -> list[str]:
+    with gzip.open(MULTI30K / f"{split}.de.gz", "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f]
+
+
+def test_relnmt_table_on_a_sweep_gives_the_pages_verdicts_and_names_what_it_leaves_out(tmp_path, capsys, caplog):
+    """The sweep's table is the page's (nmt/lab/page.py): Welch over seeds, Holm over the table, the verdict word
+    and the detectable difference; a cut record is named and the other cells tabled; a row scored on another split
+    is shown but never compared."""
+    from nmt.table import main
+
+    register_schemas()
+    refs, valid = multi30k("test_2016_flickr"), multi30k("val")
+    broken = [" ".join(line.split()[::-1]) for line in refs]  # word order scrambled: far worse BLEU
+    cells = tmp_path / "cells"
+    for seed in (1, 2, 3):  # k16 near the references, neither far from them: "lower", whatever the seed
+        fake_cell(cells, refs[:900 + 20 * seed] + broken[900 + 20 * seed:], refs, seed, "+ablation=k16")
+        fake_cell(cells, refs[:100 + 20 * seed] + broken[100 + 20 * seed:], refs, seed, "+ablation=neither")
+        fake_cell(cells, valid, valid, seed, "+ablation=key", "train.score_split=valid")
+    cut = fake_cell(cells, refs, refs, 4, "+ablation=neither")
+    cut_path = next(p for p in cells.glob("*/result.json") if json.loads(p.read_text())["seed"] == 4)
+    cut_path.write_text(json.dumps(cut)[:200])
+    main([str(cells), "--baseline", "ablation=k16", "--samples", "100"])
+    out, err = capsys.readouterr()
+    row = next(line for line in out.splitlines() if line.startswith("| ablation=neither |"))
+    assert "| 3 |" in row and "| lower |" in row and "| k16 |" not in row  # 3 seeds: the cut 4th left out
+    assert "detectable" not in row and "p (Holm" in out
+    assert "verdict (Holm, family-wise 0.05)" in out
+    key = next(line for line in out.splitlines() if line.startswith("| ablation=key"))
+    assert "lower" not in key and "higher" not in key and "no difference" not in key  # valid: never compared
+    assert "not compared with ablation=k16" in err and "ablation=key" in err
+    assert f"{cut_path}: not a record" in caplog.text
 
 
 def test_the_collector_refuses_a_record_its_hypotheses_do_not_give(tmp_path):

@@ -1,4 +1,4 @@
-"""One run, one rule: every field of a training job declares what it is to its run (nmt.config.Role), and a cell's
+"""One run, one rule: every field of a training job declares what it is to its run (nmt/roles.py Role, declared in nmt/config.py), and a cell's
 name, "done" (its record), resume and fine-tuning all read that one declaration; every scored run goes through one
 lifecycle (nmt/lab/run.py) and leaves one record, result.json."""
 
@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 from nmt.compose import cell_name_for, compose_job, register_schemas
-from nmt.config import Role, defines_cell, defines_record, defines_run, defines_weights, role
+from nmt.recorded_config import defines_cell, defines_record, defines_run, defines_weights, role
+from nmt.roles import Role
 from nmt.lab.run import done_record
 from nmt.recorded_config import plain_job
 from tests.conftest import ROOT, data_overrides, model_overrides

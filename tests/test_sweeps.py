@@ -120,8 +120,7 @@ def test_the_submitit_rehearsal_trains_scores_tables_and_continues(prepared, tmp
     table = subprocess.run([sys.executable, "-m", "nmt.table", str(whole), "--rows", "model.clip=0", "model.clip=2"],
                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert table.returncode == 0, table.stderr
-    assert "| model.clip=0 | relative, 0, true, true | 1 |" in table.stdout
-    assert "| model.clip=2 | relative, 2, true, true | 1 |" in table.stdout
+    assert "| model.clip=0 | 1 |" in table.stdout and "| model.clip=2 | 1 |" in table.stdout
 
     resumed = tmp_path / "resumed"
     first = subprocess.run(sweep_command(prepared, resumed, "train.max_steps=6", "model.clip=0"), cwd=ROOT, env=ENV,

@@ -84,7 +84,7 @@ def test_final_validation_and_the_runs_total_time_are_logged(prepared, tmp_path,
     assert first["saved_for"] == "cadence"
     seconds = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_seconds"]
     assert seconds > 0
-    run(job(prepared, tmp_path, max_steps=3, valid_every=0, valid_bleu_sentences=0))
+    run(job(prepared, tmp_path, max_steps=3, valid_every=0, valid_bleu_sentences=4))  # the same run, extended
     assert load_checkpoint(tmp_path / "checkpoint_0000003.pt")["saved_for"] == "end"  # off the cadence of 2
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_seconds"] > seconds  # both sessions
     done = next(line for line in capfd.readouterr().err.splitlines() if "nmt.train: done: " in line)

@@ -11,9 +11,9 @@ import torch
 
 from nmt.checkpoints.checkpoint import CheckpointError, load_checkpoint, non_finite
 from nmt.checkpoints.resume import shown
-from nmt.config import defines_weights, model_config_from_dict
+from nmt.config import model_config_from_dict
 from nmt.data.pipeline import Prepared
-from nmt.recorded_config import plain
+from nmt.recorded_config import defines_weights, plain
 
 log = logging.getLogger("nmt.train")
 
@@ -50,8 +50,8 @@ def initial_weights(path: str, model: dict, data: Prepared) -> dict[str, torch.T
 
 
 def model_differences(ours: dict, theirs: dict) -> list[str]:
-    """Each model field that defines the weights (nmt.config.defines_weights: not dropout) where the job's model config differs from the checkpoint's: its weights
-    would not load, or would compute another function. A field the checkpoint does not record held its default."""
+    """Each model field that defines the weights (nmt.recorded_config.defines_weights: not dropout) where the job's
+    model config differs from the checkpoint's: its weights would not load, or would compute another function. A field the checkpoint does not record held its default."""
     theirs = {name: plain(value) for name, value in vars(model_config_from_dict(theirs)).items()}
     return [f"model.{name}={shown(ours.get(name))} (the checkpoint's: {shown(theirs[name])})"
             for name in sorted(theirs) if defines_weights("model", name) and ours.get(name) != theirs[name]]

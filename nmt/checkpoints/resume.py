@@ -11,8 +11,7 @@ from nmt.checkpoints.checkpoint import CheckpointError
 from nmt.config import TrainConfig
 from nmt.data.pipeline import Prepared
 from nmt.data.readers import DataError
-from nmt.recorded_config import with_schema_defaults
-from nmt.config import defines_run
+from nmt.recorded_config import defines_run, with_schema_defaults
 from nmt.runtime.distributed import all_gather
 from nmt.runtime.process import Env
 
@@ -21,7 +20,7 @@ def check_same_run(state: dict, job: dict, data: Prepared, batch: int, out: Path
     """Resuming continues the run in the folder: refused (CheckpointError naming every field that differs) when this
     job is another run than the folder's: another model (whose weights would not load), vocabulary, optimizer or
     schedule, seed, precision, micro-batch or effective batch (`batch`: W x max_tokens x F tokens per update), or
-    other prepared data (check_same_data). What only extends or places a run (its fields' Role in
+    other prepared data (check_same_data). What only extends or places a run (the Role its fields declare in
     nmt/config.py: max_steps, save and log cadence, device, ...) may change."""
     check_same_config(state, job, data.vocab_size, batch, out)
     check_same_data(state, data.identity, data.spm_model, out)

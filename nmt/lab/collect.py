@@ -11,16 +11,19 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import logging
 from pathlib import Path
 
-from nmt.data.readers import DataError
-from nmt.recorded_config import with_schema_defaults
-from nmt.compose import named_cell
+from nmt.data.readers import DataError, read_lines
+from nmt.compose import cell_name_for, named_cell
 from nmt.config import SECTIONS
-from nmt.compose import cell_name_for
+from nmt.recorded_config import with_schema_defaults
+
+log = logging.getLogger("nmt.lab.collect")
 
 ROOT = Path(__file__).resolve().parents[2]
-# the bundled Multi30k files a cell's split is scored against (the tables: test; the learning-rate check: valid)
+# the bundled Multi30k files a Multi30k cell's split is scored against (the tables: test; the learning-rate check:
+# valid): the prepared copies its record names are not committed, the bundled files are, with the same lines
 SPLIT_SOURCE = {"test": ROOT / "data" / "multi30k" / "test_2016_flickr.{lang}.gz",
                 "valid": ROOT / "data" / "multi30k" / "val.{lang}.gz"}
 SCORES = ("bleu", "chrf", "tokenized")
@@ -44,9 +47,16 @@ def read_cells(folder: Path) -> tuple[dict[str, list[dict]], list[Path]]:
         if not path.is_file():
             unscored.append(cell)
             continue
-        result = json.loads(path.read_text())
-        result["folder"] = cell
-        rows.setdefault(row_of(result), []).append(result)
+        try:
+            result = json.loads(path.read_text())
+            result["folder"] = cell
+            row = row_of(result)
+        except (ValueError, KeyError, TypeError, AttributeError) as broken:  # cut short, or not a record
+            log.warning("%s: not a record (%s: %s), left out: score the cell again (run its command again)", path,
+                        type(broken).__name__, broken)
+            unscored.append(cell)
+            continue
+        rows.setdefault(row, []).append(result)
     return {row: sorted(cells, key=lambda r: r["seed"]) for row, cells in rows.items()}, unscored
 
 
@@ -76,15 +86,44 @@ def reference_lines(lang: str, split: str = "test") -> tuple[str, ...]:
         return tuple(line.rstrip("\n").strip() for line in f)
 
 
+def bundled(result: dict) -> bool:
+    """Whether a cell was scored on a split of the bundled Multi30k (its record's prepared copy is not committed)."""
+    return str(result.get("choices", {}).get("data", "")).startswith("multi30k") and \
+        result.get("split", "test") in SPLIT_SOURCE
+
+
+def reference_source(result: dict) -> Path:
+    """The file a cell was scored against: the bundled Multi30k file of its split, else the reference file its
+    record names (`ref`, as the run saw it: relative to where it ran, here the checkout)."""
+    if bundled(result):
+        return Path(str(SPLIT_SOURCE[result.get("split", "test")]).format(lang=result["pair"].split("-")[1]))
+    ref = Path(result.get("ref", ""))
+    return ref if ref.is_absolute() or ref.is_file() else ROOT / ref
+
+
+def cell_references(result: dict) -> tuple[str, ...]:
+    """The reference lines a cell's hypotheses are scored against (reference_source), as many as it decoded;
+    DataError naming the cell when its file is not here."""
+    if bundled(result):
+        lines = reference_lines(result["pair"].split("-")[1], result.get("split", "test"))
+    else:
+        source = reference_source(result)
+        if not source.is_file():
+            raise DataError(f"{result['folder'] / 'result.json'}: its reference {result.get('ref')} is not here "
+                            f"({source}): prepare its data again to score it")
+        lines = tuple(read_lines(source))  # as the run read it (nmt/lab/record.py decode_and_score)
+    return lines[:result.get("sentences", len(lines))]
+
+
 def check_scores(result: dict, metrics: tuple[str, ...] = SCORES) -> None:
-    """Score the cell's hypotheses again against the bundled references (the tokenized BLEU under the key its
+    """Score the cell's hypotheses again against its references (references; the tokenized BLEU under the key its
     language's convention names: nmt/score.py); DataError naming the cell where a recorded score differs."""
     from sacrebleu.metrics import BLEU, CHRF
 
     from nmt.score import tokenized_bleu, tokenized_key
 
-    lang, split = result["pair"].split("-")[1], result.get("split", "test")
-    refs = list(reference_lines(lang, split))
+    lang = result["pair"].split("-")[1]
+    refs = list(cell_references(result))
     scorers = {"bleu": lambda: BLEU().corpus_score(result["hyps"], [refs]).score,
                "chrf": lambda: CHRF().corpus_score(result["hyps"], [refs]).score,
                "tokenized": lambda: tokenized_bleu(result["hyps"], refs, lang)}
@@ -94,4 +133,4 @@ def check_scores(result: dict, metrics: tuple[str, ...] = SCORES) -> None:
         if key not in result or abs(again - result[key]) > 1e-6:
             recorded = f"{result[key]:.4f}" if key in result else "nothing"
             raise DataError(f"{result['folder'] / 'result.json'}: records {key} = {recorded}, but {result['hyp']} "
-                            f"scores {again:.4f} against {SPLIT_SOURCE[split].name.format(lang=lang)}")
+                            f"scores {again:.4f} against {reference_source(result).name}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from nmt.lab.collect import declared_rows, read_cells, reference_lines
+from nmt.lab.collect import declared_rows, read_cells, reference_lines, cell_references
 from nmt.score import tokenized_bleu_of
 from nmt.lab.stats import MIN_SEEDS, holm, holm_levels, mean_sd, p_cell, seed_noise, seed_p, verdict
 
@@ -95,20 +95,19 @@ def holm_family(tables: dict[str, tuple[dict, dict]]) -> dict[tuple, tuple[float
 
 
 def bleu_table(table: dict, rows: dict[str, dict[int, dict]], samples: int,
-               adjusted: dict[tuple, tuple[float, float]]) -> str:
+               adjusted: dict[tuple, tuple[float, float]], family: str = "all tables") -> str:
     """The table's rows, each against its reference rows: Welch's p over seeds, the Holm-adjusted p over the page's
     family (holm_family), the verdict from the adjusted p, and the paired bootstrap."""
     counted = table.get("parameters", False)  # rows that differ in their position parameters: each count shown
     lines = [f"| row | seeds | sacreBLEU (mean ± std) | chrF | {TOKENIZED_COLUMN} | paper | vs | p (seeds, Welch) "
-             "| p (Holm, all tables) | verdict (Holm, family-wise 0.05) | p (sentences, paired bootstrap) |"
+             f"| p (Holm, {family}) | verdict (Holm, family-wise 0.05) | p (sentences, paired bootstrap) |"
              + (" parameters |" if counted else ""),
              "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if counted else "")]
     against = comparisons(table, rows)
     bleu = {name: list(seed_bleu(seeds)) for name, seeds in rows.items()}
     for name, seeds in rows.items():
-        pair = next(iter(seeds.values()))["pair"]
-        refs = list(reference_lines(pair.split("-")[1]))
         results = [seeds[s] for s in sorted(seeds)]
+        refs = list(cell_references(results[0]))  # a row's seeds share their split and lines (both define its cells)
         tested = [(name, r) for r in against[name]]
         raw = {t: seed_p(bleu[t[0]], bleu[t[1]]) for t in tested}
         adjusted_p, level = {}, {}

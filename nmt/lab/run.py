@@ -3,7 +3,7 @@ checkpoint decoded on train.score_split and scored, and its record written (nmt/
 the one "done" marker). A -m sweep's cell (`relnmt-train -m ... model.clip=0,4,16`, a whole study: `relnmt-train -m
 +study=table1`), a single run asked to end in its score (`relnmt-train ... train.score=true`), `relnmt-experiment` and
 the demo (scripts/demo.py) all end here; rank 0 scores, the other ranks wait for it. A run is done when its record
-holds this job: the same value for every field that defines the run or its record (nmt.config.defines_record: the
+holds this job: the same value for every field that defines the run or its record (nmt.recorded_config.defines_record: the
 model, the data, the recipe, the budget, the split scored). `relnmt-table SWEEP_FOLDER` tables the records
 (nmt/lab/collect.py)."""
 
@@ -21,10 +21,12 @@ from typing import Callable
 
 from nmt.cluster import export_ranks, requeue_after
 from nmt.compose import compose_job, composed
-from nmt.config import SECTIONS, TrainJob, defines_record
+from nmt.config import SECTIONS, TrainJob
 from nmt.errors import Stopped, UserError
 from nmt.lab.record import RESULT, finish_run
-from nmt.recorded_config import plain_job, with_schema_defaults
+from nmt.recorded_config import defines_record, plain_job, with_schema_defaults
+
+log = logging.getLogger("nmt.lab.run")
 
 FAILED = "failed"  # in a cell's folder: one line, why its last job failed (the submitting command writes it)
 
@@ -59,7 +61,7 @@ def done_record(job: TrainJob) -> dict | None:
 
 
 def record_fields(config: dict) -> dict:
-    """A resolved job's fields that define its run or its record (nmt.config.defines_record), the schema's defaults
+    """A resolved job's fields that define its run or its record (nmt.recorded_config.defines_record), the schema's defaults
     filled in for an old record."""
     return {section: {name: value for name, value in with_schema_defaults(section, config.get(section, {})).items()
                       if defines_record(section, name)} for section in SECTIONS}
@@ -140,7 +142,7 @@ def wait_for_score(path: Path, failed: Path, poll_s: float = 2.0) -> None:
 
 def score_run(job: TrainJob, out: Path, made_by: MadeBy) -> dict:
     """The trained run's record (nmt/lab/record.py finish_run): decoded, scored, out/result.json."""
-    result = finish_run(job, out, plain_job(job), made_by.overrides, made_by.choices, made_by.command)
+    result = finish_run(job, out, plain_job(job), made_by.overrides, made_by.choices, made_by.command, log)
     print(f"{out}: sacreBLEU {result['bleu']:.2f} on {result['sentences']} {result['split']} sentences "
           f"({result['checkpoint']}, {result['updates']} updates)", file=sys.stderr)
     return result

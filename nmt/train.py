@@ -8,6 +8,7 @@ stop it cleanly (exit code 75) with a complete checkpoint; Ctrl-C again stops it
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch.distributed as dist
@@ -20,7 +21,7 @@ from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob
 from nmt.compose import register_schemas
 from nmt.data.pipeline import prepare
-from nmt.errors import Stopped, UserError
+from nmt.errors import EXIT_STOPPED, Stopped, UserError
 from nmt.lab.record import checkpoint_to_decode
 from nmt.lab.run import hydra_made_by, is_sweep_cell, run_to_record
 from nmt.outputs import remove_unused_folder
@@ -28,6 +29,7 @@ from nmt.runtime.distributed import rank0_first
 from nmt.runtime.process import Env, setup_env, setup_logging
 from nmt.training.dry_run import dry_run_report, seconds_per_update
 from nmt.training.trainer import Trainer
+from nmt.workers import die_with_launcher, launcher_gone
 
 
 log = logging.getLogger("nmt.train")
@@ -141,10 +143,16 @@ def main(cfg) -> None:
         if any(o.startswith("train.output_dir=") for o in HydraConfig.get().overrides.task):
             raise ConfigError("train.output_dir in a -m sweep would put every cell in one folder: leave it out (each "
                               "cell trains in hydra.sweep.dir/<its overrides>)")
-    if is_sweep_cell() or job.train.score:
-        run_to_record(job, run, hydra_made_by("relnmt-train"))
-    else:
-        run(job)
+        die_with_launcher()  # a cell in a launcher's worker process ends with the launcher
+    try:
+        if is_sweep_cell() or job.train.score:
+            run_to_record(job, run, hydra_made_by("relnmt-train"))
+        else:
+            run(job)
+    finally:
+        if launcher_gone():  # its launcher was killed: the cell stopped with its checkpoint, no one waits for more
+            logging.shutdown()
+            os._exit(EXIT_STOPPED)
 
 if __name__ == "__main__":
     main()

@@ -40,6 +40,29 @@ def die_with_parent() -> None:
         pass
 
 
+LAUNCHER_PID = "RELNMT_LAUNCHER_PID"  # set by a launcher whose worker processes run the jobs (the joblib launcher's)
+
+
+def die_with_launcher() -> None:
+    """In a worker process of a launcher that named itself (LAUNCHER_PID): SIGTERM when the launcher ends, however it
+    ends (SIGKILL, the OOM killer, a lost login shell), so a killed study leaves no cell training for nobody: the cell
+    stops after its update with a checkpoint, as on any SIGTERM, and the study run again waits for that checkpoint
+    (nmt/checkpoints/folder_lock.py) and continues the cell. Nothing in the launcher's own process."""
+    launcher = os.environ.get(LAUNCHER_PID, "")
+    if not launcher.isdigit() or int(launcher) == os.getpid():
+        return
+    die_with_parent()
+    if os.getppid() != int(launcher):  # the launcher ended before the line above could ask to be told
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def launcher_gone() -> bool:
+    """In a launcher's worker process (LAUNCHER_PID): whether the launcher has ended (this worker now belongs to init),
+    so that nothing waits for the worker and it ends too, instead of idling for jobs that never come."""
+    launcher = os.environ.get(LAUNCHER_PID, "")
+    return launcher.isdigit() and int(launcher) != os.getpid() and os.getppid() != int(launcher)
+
+
 def _start_worker(parent: int, initializer: Callable[..., None], initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a stop flag inherited from the parent (nmt.runtime.signals)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from nmt.checkpoints.checkpoint import LAST
+from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.compose import register_schemas
 from nmt.lab.page import page_blocks
 from nmt.compose import composed
@@ -100,3 +100,30 @@ def test_a_cell_that_fails_costs_only_itself_and_is_named(prepared, tmp_path):
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("1 of 2 cells failed: ") and str(scored.parent) not in last and "Traceback" not in done.stderr
     assert "missing.pt: checkpoint not found" in done.stderr  # the cell's own line
+
+
+@pytest.mark.slow
+def test_a_study_whose_launcher_alone_is_killed_leaves_no_cell_training_and_continues(prepared, tmp_path):
+    """The joblib launcher SIGKILLed alone (the OOM killer, a lost login shell; not its process group) while its
+    two cells train: each cell stops after its update with a checkpoint instead of training on for nobody, and the
+    same command run at once waits for those checkpoints and continues both cells to their scores."""
+    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1", "train.max_steps=40",
+                    "hydra.launcher.n_jobs=2")
+    launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    wait_for(lambda: len(list(tmp_path.glob("*/checkpoint_0000004.pt"))) == 2, seconds=300)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    cells = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+
+    def training() -> list[str]:
+        found = subprocess.run(["pgrep", "-f", "-s", str(launcher.pid), "."], capture_output=True, text=True)
+        return found.stdout.split()
+
+    wait_for(lambda: not training(), seconds=120)  # no orphan: every worker ended with its launcher
+    stopped = [load_checkpoint(cell / LAST, mmap=True)["step"] for cell in cells]
+    assert all(step < 40 for step in stopped), stopped
+    again = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [json.loads((cell / "result.json").read_text())["updates"] for cell in cells] == [40, 40]
+    assert all("resuming from" in (cell / "train.log").read_text() for cell in cells)

@@ -17,6 +17,7 @@ namespace, hence this package's place; without the plugin it defines nothing."""
 import contextlib
 import io
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -282,11 +283,15 @@ if joblib_launcher is not None:
     class JoblibLauncher(joblib_launcher.JoblibLauncher):
         """Hydra's joblib launcher (a study's cells, a cell per core: configs/hydra/launcher/cores.yaml), with one
         change: a cell that failed costs only itself; the others run to their end, then one line names every
-        failed cell and its folder."""
+        failed cell and its folder. Its workers end with it, however it ends: a killed study leaves no cell
+        training (each stops after its update with a checkpoint), and the same command continues them."""
 
         def launch(self, job_overrides, initial_job_idx):
             from hydra.core.utils import JobStatus
 
+            from nmt.workers import LAUNCHER_PID
+
+            os.environ[LAUNCHER_PID] = str(os.getpid())  # its workers end with it (nmt.workers.die_with_launcher)
             results = super().launch(job_overrides, initial_job_idx)
             failed = [f"{result.hydra_cfg.hydra.runtime.output_dir}: {result._return_value}"
                       for result in results if result.status == JobStatus.FAILED]

@@ -76,6 +76,23 @@ def open_output(path: str):
         raise UserError(f"output={path}: cannot write it: {err.strerror or err}") from None
 
 
+def descriptor_lines(fd: int, block: int = 1 << 16) -> Iterator[bytes]:
+    """Raw lines (each with its newline; a last one without) read from a file descriptor with os.read, which holds no
+    lock of Python's: the thread of ArrivingLines still blocked in its read when the job ends (`| head -1`, Ctrl-C,
+    input still arriving) would otherwise hold sys.stdin.buffer's lock, and the interpreter aborts at shutdown
+    ("Fatal Python error: _enter_buffered_busy", exit 134) when it closes standard input."""
+    pending: list[bytes] = []  # the pieces of a line not yet ended, joined once it ends (a long line costs linear time)
+    while data := os.read(fd, block):
+        *complete, rest = data.split(b"\n")
+        if complete:
+            complete[0] = b"".join([*pending, complete[0]])
+            pending = []
+            yield from (line + b"\n" for line in complete)
+        pending.append(rest)
+    if last := b"".join(pending):
+        yield last
+
+
 class ArrivingLines:
     """Lines read by a thread as they arrive (standard input that is a pipe): take(n) is what has arrived, at most n
     lines, waiting only for the first, so a line written into the pipe is translated and written without waiting for
@@ -154,8 +171,10 @@ def main(cfg) -> None:
         bar = ProgressBar(total=count_lines(job.input) if job.input else None, unit=" lines", disable=job.input is None,
                    file=sys.stderr, mininterval=1.0)
         with open_source(job.input) as source, autocast(device, dtype):
-            lines = decode_source_lines(source, job.input or "<stdin>")
-            arriving = ArrivingLines(lines, job.buffer_lines) if job.input is None and not interactive else None
+            arriving_input = job.input is None and not interactive  # a pipe: read by a thread as the lines arrive
+            raw_lines = descriptor_lines(sys.stdin.fileno()) if arriving_input else source
+            lines = decode_source_lines(raw_lines, job.input or "<stdin>")
+            arriving = ArrivingLines(lines, job.buffer_lines) if arriving_input else None
             for chunk in translate_stream(model, vocab, lines, job, device, 1 if interactive else job.buffer_lines,
                                           job.nbest, arriving.take if arriving else None):
                 out.write("".join(translation + "\n" for translation in chunk))

@@ -110,6 +110,49 @@ def test_a_closed_pipe_ends_the_filter_quietly(checkpoint, long_input):
     assert job.wait(timeout=300) == 0 and "Traceback" not in stderr and "Broken pipe" not in stderr
 
 
+def translate_with_input_still_arriving(checkpoint) -> subprocess.Popen:
+    """nmt.translate reading a pipe that stays open (`(echo ...; sleep 15; echo ...) | relnmt-translate`), its first
+    line already answered: its stdin reader is blocked waiting for more."""
+    job = subprocess.Popen([sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}", "beam=1",
+                            "device=cpu"], cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, **INTERACTIVE)
+    job.stdin.write(b"A dog runs.\n")
+    job.stdin.flush()
+    ready, _, _ = select.select([job.stdout], [], [], 120)
+    assert ready and job.stdout.readline().endswith(b"\n")
+    return job
+
+
+def test_a_pipe_closed_downstream_ends_quietly_while_input_still_arrives(checkpoint):
+    """`(echo a; sleep 15; echo b) | relnmt-translate ... | head -1`: the reader is gone while the input pipe is still
+    open, and the thread reading stdin is blocked in its read at exit; that read once held standard input's lock, and
+    the interpreter aborted at shutdown (exit 134, "Fatal Python error: _enter_buffered_busy")."""
+    job = translate_with_input_still_arriving(checkpoint)
+    try:
+        job.stdout.close()  # `head -1` has its line and leaves
+        job.stdin.write(b"Two men talk.\n")  # its translation meets the closed pipe; the input stays open
+        job.stdin.flush()
+        code = job.wait(timeout=120)
+        stderr = job.stderr.read().decode()
+        assert code == 0 and "Fatal Python error" not in stderr and "Traceback" not in stderr, stderr[-2000:]
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_ctrl_c_while_input_still_arrives_exits_130_with_its_one_line(checkpoint):
+    job = translate_with_input_still_arriving(checkpoint)
+    try:
+        job.send_signal(signal.SIGINT)
+        code = job.wait(timeout=120)
+        stderr = job.stderr.read().decode()
+        assert code == 130 and "Fatal Python error" not in stderr and "Traceback" not in stderr, stderr[-2000:]
+        assert stderr.strip().splitlines()[-1] == "interrupted: every finished line is written (Ctrl-C)"
+    finally:
+        job.kill()
+        job.wait()
+
+
 def test_the_first_line_comes_before_the_input_ends(checkpoint):
     """A pipe that stays open after 20 lines: the first translations come out anyway (a chunk of 5,000 lines waited
     for the rest of the input)."""

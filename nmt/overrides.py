@@ -17,7 +17,7 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    plain = [arg for arg in overrides if "=" in arg and not arg.startswith(("hydra.", "+hydra.", "hydra/"))]
+    plain = [arg for arg in overrides if "=" in arg and not arg.lstrip("+~").startswith(("hydra.", "hydra/"))]
     try:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
             cfg = compose(config_name, overrides=plain)
@@ -28,12 +28,40 @@ def override_error(config_name: str, overrides: list[str]) -> str | None:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         why = next((line for line in lines[1:] if line.startswith(("Key ", "Value "))), None)
         return " ".join(filter(None, [lines[0] if lines else type(err).__name__, why]))
+    if (added := added_key_error(config_name, plain)) is not None:
+        return added
     # a required field left out (relnmt-translate without checkpoint=): one line here, not OmegaConf's traceback when
     # the job reads it. data.* are the data layer's to name (data=local says which files it reads)
     missing = [key for key in missing_fields(cfg) if not key.startswith(("data.", "hydra."))]
     if missing:
         return f"{', '.join(missing)} must be given: " + " ".join(f"{key}=..." for key in missing)
     return None
+
+
+def added_key_error(config_name: str, overrides: list[str]) -> str | None:
+    """One line for a `+key=...` or `++key=...` that names no field of the job's schema (+train.patiense=3): Hydra
+    lifts the schema's check for an added key, so the typo would be kept in silence and the field meant stay at its
+    default. A `+group=preset` (+experiment=table1, +study=..., +ablation=...: a folder of configs/) adds a preset."""
+    fields = default_fields(config_name)
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if not key.startswith("+"):
+            continue
+        key = key.lstrip("+")
+        if is_config_group(key) or is_field(key, fields):
+            continue
+        return f"{key} is not a field{nearest(key, fields)}"
+    return None
+
+
+def is_config_group(key: str) -> bool:
+    """`experiment` of +experiment=table1 (or `experiment@pkg`): a config group, a folder of presets under configs/."""
+    return (CONFIGS / key.split("@", 1)[0]).is_dir()
+
+
+def is_field(key: str, fields: list[str]) -> bool:
+    """A dotted field of the schema, or a section of them (`train`)."""
+    return key in fields or any(field.startswith(f"{key}.") for field in fields)
 
 
 def nearest(word: str, choices: list[str]) -> str:

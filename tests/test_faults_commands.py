@@ -11,7 +11,7 @@ import torch
 
 from nmt.checkpoints.averaging import write_average
 from nmt.checkpoints.checkpoint import CheckpointError, save_checkpoint
-from tests.conftest import ROOT, one_error_line
+from tests.conftest import ROOT, data_overrides, model_overrides, one_error_line
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
@@ -76,3 +76,28 @@ def test_a_job_refused_by_its_checks_leaves_no_folder_hydra_made(tmp_path, sweep
     assert "error: train.max_steps=0 is invalid" in done.stderr and done.returncode == 2, done.stderr[-2000:]
     assert not (tmp_path / "run").exists()
     assert [path.name for path in (tmp_path / "cells").glob("*")] == (["multirun.yaml"] if sweep else [])
+
+
+@pytest.mark.parametrize("added", [["+train.patiense=3"], ["++train.patiense=3"], ["-m", "+train.patiense=2,3"]])
+def test_an_added_key_that_is_no_field_is_refused_like_a_typo(prepared, tmp_path, added):
+    """`+key` and `++key` lift Hydra's schema check: unchecked, the typo trains with early stopping left off, and a
+    sweep makes cells named after it (`...+train.patiense-2`). It is the same one line as `train.patiense=3`."""
+    out = tmp_path / "run"
+    done = command("train", *added, *data_overrides(prepared), *model_overrides(), "train.max_steps=1",
+                   "train.valid_every=0", "train.threads=1", f"train.output_dir={out}",
+                   f"hydra.sweep.dir={tmp_path / 'cells'}", "hydra/launcher=basic", cwd=tmp_path)
+    one_error_line(done, "train.patiense is not a field: did you mean train.patience?")
+    assert not out.exists() and not (tmp_path / "cells").exists()
+
+
+@pytest.mark.parametrize("config_name, overrides", [
+    ("train", ["+experiment=table1", "+ablation=k0", "++model.clip=3", "++train.patience=2", "+hydra.job.chdir=false"]),
+    ("train", ["+study=table1"]),
+    ("decode", ["checkpoint=x.pt", "++beam=2"]),
+])
+def test_adding_a_preset_or_setting_a_field_with_plus_plus_stays_allowed(config_name, overrides):
+    from nmt.config import register_schemas
+    from nmt.overrides import override_error
+
+    register_schemas()
+    assert override_error(config_name, overrides) is None

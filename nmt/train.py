@@ -15,7 +15,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from nmt.batch import micro_batches
-from nmt.checkpoints.checkpoint import BEST, CheckpointError
+from nmt.checkpoints.checkpoint import BEST, LAST, CheckpointError
 from nmt.checkpoints.folder_lock import RUN_BOOKKEEPING, hold_folder
 from nmt.cli import hydra_job
 from nmt.config import ConfigError, TrainJob
@@ -100,6 +100,8 @@ def train_in(env: Env, job: TrainJob) -> Path:
             raise TrainingStopped(f"stopped at update {trainer.step}", trainer.stopped_by)
         if env.main:
             trainer.finish()
+            if trainer.checkpoints.resumed_step == trainer.step:  # the same command run again after the run's end
+                log.info("the run in %s is finished (update %d): nothing left to train", out, trainer.step)
             for line in next_steps(job, out, trainer.metrics.last_valid, trainer.data.directory):
                 log.info("%s", line)
     return out
@@ -117,8 +119,10 @@ def next_steps(job: TrainJob, out: Path, last_valid: tuple[int, dict] | None, pr
         lines.append(f"last validation (update {step}): {', '.join(said)}")
     average_last, src, tgt = job.train.average_last, job.data.src, job.data.tgt
     model = checkpoint_to_decode(out, average_last)
-    lines.append(f"the model to use: {model}" + (f" (the average of the last {average_last} checkpoints)"
-                                                 if average_last > 0 else " (the newest checkpoint)"))
+    which = (f"the average of the last {average_last} checkpoints" if average_last > 0 else
+             "the newest checkpoint" if model.name != LAST else
+             "the last update's weights; the numbered checkpoints are deleted")
+    lines.append(f"the model to use: {model} ({which})")
     if (out / BEST).is_file():
         lines.append(f"the best on validation (train.best_metric): {out / BEST}")
     if (prepared / f"test.{src}").is_file():

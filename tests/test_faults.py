@@ -160,6 +160,23 @@ def test_numbered_checkpoints_hold_the_weights_and_last_and_prev_the_whole_state
     assert extra > 1.9 * model_bytes  # Adam's two moments live in the whole state only
 
 
+@pytest.mark.parametrize("average_last, to_use", [(0, LAST), (2, "averaged.pt")])
+def test_a_finished_run_whose_numbered_checkpoints_were_deleted_says_it_is_finished(prepared, tmp_path, average_last,
+                                                                                     to_use):
+    """A user frees disk by deleting checkpoint_<N>.pt of a finished run (keeping last, prev and best), then runs
+    the same command: nothing left to train, and the summary names the file that still holds the model."""
+    command = [sys.executable, "-m", "nmt.train",
+               *overrides(prepared, tmp_path, max_steps=4, save_every_steps=2, average_last=average_last)]
+    assert finished(command).returncode == 0
+    for path in numbered_checkpoints(tmp_path):
+        path.unlink()
+    again = finished(command)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    assert f"the run in {tmp_path} is finished (update 4)" in again.stderr
+    assert f"the model to use: {tmp_path / to_use} (" in again.stderr
+    assert load_checkpoint(tmp_path / to_use)["model"]  # the file named holds the weights, and translates
+
+
 def failing_save(fail_steps: set, error: str = "OSError"):
     """torch.save that writes part of the file and then finds the disk full, once at each of the given updates: as
     an OSError, or as the RuntimeError torch.save itself raises when a write fails (seen on /dev/full)."""

@@ -231,6 +231,7 @@ class Checkpointer:
     def __init__(self, env: Env, out: Path, keep_last: int):
         self.env, self.out, self.keep_last = env, out, keep_last
         self.saved_step = -1  # the update of the newest whole state on disk
+        self.resumed_step: int | None = None  # the update this session resumed from (None: it started afresh)
 
     def resume(self, first_save: int) -> dict | None:
         """The newest usable whole state in the output folder (None: start afresh); first_save: the update of the
@@ -240,7 +241,7 @@ class Checkpointer:
             refuse_weights_without_state(self.out, first_save)
             return None
         path, state = found
-        self.saved_step = state["step"]
+        self.saved_step = self.resumed_step = state["step"]
         log.info("resuming from %s at update %d (epoch %d, batch %d)", path, state["step"], state["epoch"],
                  state["batch"])
         if state["world_size"] != self.env.world_size:

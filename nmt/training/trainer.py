@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from nmt.batch import effective_batch_line, effective_tokens, micro_batches
 from nmt.checkpoints.averaging import averaging_note, checkpoints_to_average, write_average
-from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, rank_rng
+from nmt.checkpoints.checkpoint import Checkpointer, global_data_position, numbered_checkpoints, rank_rng
 from nmt.checkpoints.finetune import initial_weights
 from nmt.checkpoints.folder_lock import announce_stopping
 from nmt.checkpoints.resume import check_ranks_agree, check_same_run
@@ -198,7 +198,7 @@ class Trainer:
         if self.final_valid is not None:
             self.metrics.log("valid", self.step, {**self.final_valid, **self.validate.bleu(self.model)})
             log.info("final validation took %.1f s", time.monotonic() - self.final_started)
-        if self.cfg.average_last > 0:
+        if self.cfg.average_last > 0 and numbered_checkpoints(self.out):  # none left: averaged.pt stays as it is
             average_last(self.out, self.cfg.average_last)
         log_done(self.step, self.train_seconds(), time.monotonic() - self.start_time, self.earlier_seconds > 0)
 

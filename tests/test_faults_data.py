@@ -22,11 +22,11 @@ from nmt.checkpoints.resume import check_same_data
 from nmt.data import encode, pipeline
 from nmt.data.batching import training_stream
 from nmt.data.pipeline import open_prepared, prepare, prepared_dir
-from nmt.data.readers import DataError, PairBlock
+from nmt.data.readers import DataError, PairBlock, file_digest
 from nmt.data.shards import ShardWriter
 from nmt.data.vocab import Vocab
 from tests.conftest import (INTERACTIVE, ROOT, data_overrides, local_config, make_corpus, model_overrides, multi30k_lines,
-                            write)
+                            one_error_line, write)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 SMALL = ["train.max_tokens=300", "train.valid_every=0", "train.valid_bleu_sentences=0", "train.threads=1",
@@ -62,7 +62,7 @@ def test_a_run_resumed_onto_other_data_is_refused_in_one_line(tmp_path):
     record, last = (out / "config.yaml").read_bytes(), (out / "checkpoint_last.pt").read_bytes()
     assert load_checkpoint(out / "checkpoint_last.pt")["data"]["src"] == "en"
 
-    second = local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared"))
+    second = local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared_b"))
     other = cli("nmt.train", *data_overrides(second), *model_overrides(), *SMALL, "train.max_steps=4",
                 f"train.output_dir={out}")
     assert other.returncode == 2 and "Traceback" not in other.stderr
@@ -70,6 +70,41 @@ def test_a_run_resumed_onto_other_data_is_refused_in_one_line(tmp_path):
     assert len(error) == 1 and "holds a run trained on other data" in error[0], other.stderr[-2000:]
     assert f"{tmp_path}/b/train.en" in error[0] and "SentencePiece" in error[0]
     assert (out / "config.yaml").read_bytes() == record and (out / "checkpoint_last.pt").read_bytes() == last
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("tool", ["nmt.prepare", "nmt.train"])
+def test_a_prepared_folder_of_another_corpus_is_refused_not_rebuilt(tmp_path, tool):
+    """`relnmt-train data=local data.train=<a new corpus> ... data.prepared_dir=prepared/multi30k_en_de`: the folder
+    holds another corpus's vocabulary and shards (and runs trained on them); it is refused, naming both, not
+    rebuilt; force=true replaces it, as the line says."""
+    first = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))
+    target = prepare(first)
+    before = folder_bytes(target)
+    second = local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared"))
+    extra = [*model_overrides(), *SMALL, "train.max_steps=2", f"train.output_dir={tmp_path / 'run'}"]
+    done = cli(tool, *data_overrides(second), *(extra if tool == "nmt.train" else []))
+    one_error_line(done, f"{target} holds another corpus: its data.train is {tmp_path}/a/train.en and "
+                         f"{tmp_path}/a/train.de, not this job's {tmp_path}/b/train.en and {tmp_path}/b/train.de",
+                   "nothing was changed", "force=true")
+    assert folder_bytes(target) == before and not (tmp_path / "run").exists()
+    prepare(second, force=True)  # the documented way to replace it
+    assert f"{tmp_path}/b/train.en" in (target / "manifest.json").read_text()
+
+
+def test_the_same_files_edited_rebuild_the_folder_saying_what_changed(tmp_path, caplog):
+    cfg = local_config(corpus_in(tmp_path / "a"), prepared_dir=str(tmp_path / "prepared"))
+    target = prepare(cfg)
+    lines = (tmp_path / "a" / "train.de").read_text().split("\n")
+    (tmp_path / "a" / "train.de").write_text("\n".join(["Etwas ganz anderes.", *lines[1:]]))
+    with caplog.at_level("INFO", logger="nmt.data.pipeline"):
+        prepare(local_config(tmp_path / "a", prepared_dir=str(target), max_len=90))
+    assert f"{target}: rebuilding (stale: train.de changed; data.max_len 100 -> 90)" in caplog.text
+    inputs = json.loads((target / "manifest.json").read_text())["key"]["inputs"]["train"]
+    assert inputs[str(tmp_path / "a" / "train.de")] == file_digest(tmp_path / "a" / "train.de")
 
 
 def test_the_data_check_names_pair_filters_and_vocabulary(prepared):
@@ -133,7 +168,7 @@ def test_a_prepare_during_a_run_does_not_change_what_the_run_reads(tmp_path):
     data = open_prepared(cfg)
     validator = Validator(data, cfg, 300, 5, 0.1, Env(), None, TrainConfig().loss_chunk_tokens)
     before = ([data.train[i][0].copy() for i in range(20)], validator.sentences, data.spm_model)
-    prepare(local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared")))
+    prepare(local_config(other_corpus(tmp_path / "b"), prepared_dir=str(tmp_path / "prepared")), force=True)
     assert open_prepared(cfg).spm_model != before[2] or not np.array_equal(open_prepared(cfg).train[0][0], before[0][0])
     after = ([data.train[i][0] for i in range(20)], validator.sentences, data.spm_model)
     assert all(np.array_equal(a, b) for a, b in zip(before[0], after[0]))  # the open shards are the old files

@@ -23,7 +23,7 @@ from nmt.data import readers
 from nmt.data.readers import DataError
 from nmt.data.encode import map_blocks, write_split
 from nmt.data.shards import EncodedSplit
-from nmt.data.sources import SPLITS, manifest_key, prepared_offline
+from nmt.data.sources import SPLITS, another_corpus, key_changes, manifest_key, prepared_offline
 from nmt.data.vocab import Vocab, train_vocab
 from nmt.outputs import remove_stale_temporaries, temporary_name
 from nmt.progress import ProgressBar
@@ -128,9 +128,13 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
     if not force and existing is not None and existing.get("key") == key:
         log.info("%s is up to date (manifest matches inputs and settings)", target)
         return target
+    if not force and existing is not None and (other := another_corpus(existing.get("key", {}), key)) is not None:
+        # outputs never destroy inputs: another corpus's vocabulary and shards (and the runs trained on them)
+        raise DataError(f"{target} holds another corpus: {other}; nothing was changed: set data.prepared_dir to a "
+                        "folder of this corpus's own, or replace that one with relnmt-prepare ... force=true")
     if existing is not None:
         log.info("%s: rebuilding (%s)", target, "force=true" if force and existing.get("key") == key
-                 else "stale: its inputs or settings changed")
+                 else f"stale: {key_changes(existing.get('key', {}), key)}")
 
     work = temporary_name(target)
     try:

@@ -5,6 +5,7 @@ prepared folder is rebuilt and an unchanged one, however it was reached, is not.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from nmt.config import DataConfig
 from nmt.data import readers
@@ -64,3 +65,67 @@ def prepared_offline(cfg: DataConfig, existing: dict | None) -> bool:
         return False
     settings = {name: value for name, value in existing.get("key", {}).items() if name != "inputs"}
     return settings == manifest_key(cfg, inputs=False)
+
+
+def another_corpus(old_key: dict, key: dict) -> str | None:
+    """Why a prepared folder (its manifest's key, `old_key`) holds another corpus than `key` asks for, or None: its
+    training or validation inputs are other files (other paths, and other content: the same files edited, or the
+    same content moved, are this corpus still). The test split may change; it is rebuilt, not refused."""
+    for split in ("train", "valid"):
+        old, new = old_key.get("inputs", {}).get(split), key["inputs"][split]
+        if old is None or old == new or same_place(old, new) or same_content(old, new):
+            continue
+        return f"its data.{split} is {describe_input(old)}, not this job's {describe_input(new)}"
+    return None
+
+
+def same_place(old: dict, new: dict) -> bool:
+    """The same files (by path as written, or resolved), or the same hub dataset's config."""
+    if "config" in old or "config" in new:
+        return old.get("config") == new.get("config")
+    return sorted(old) == sorted(new) or sorted(map(_resolved, old)) == sorted(map(_resolved, new))
+
+
+def same_content(old: dict, new: dict) -> bool:
+    """The same digests (of files, or of a hub split's rows), wherever they were read from."""
+    def content(inputs: dict) -> list:
+        return sorted(str(value) for name, value in inputs.items() if name != "config")
+    return content(old) == content(new)
+
+
+def _resolved(path: str) -> str:
+    return str(Path(path).resolve())
+
+
+def describe_input(inputs: dict) -> str:
+    if "config" in inputs:
+        return f"the hub dataset's {inputs['config']} config"
+    return " and ".join(inputs)
+
+
+def key_changes(old_key: dict, key: dict) -> str:
+    """What differs between a prepared folder's manifest key and the one asked for, said as fields: the content of
+    the same files (`train.de changed`), other test files, a setting (`data.vocab_size 600 -> 800`)."""
+    changes = []
+    for split in SPLITS:
+        old, new = old_key.get("inputs", {}).get(split, {}), key["inputs"][split]
+        if old == new:
+            continue
+        edited = [Path(path).name for path, digest in new.items() if path in old and old[path] != digest]
+        moved = "the same content at other paths" if same_content(old, new) else "other files"
+        changes.append(f"{', '.join(edited)} changed" if edited else f"data.{split}: {moved}")
+    settings = {"src": ("src",), "tgt": ("tgt",), "vocab_size": ("vocab", "size"), "vocab_sample": ("vocab", "sample"),
+                **{name: ("filters", name) for name in key["filters"]}}
+    for field, path in settings.items():
+        old, new = _lookup(old_key, path), _lookup(key, path)
+        if old != new:
+            changes.append(f"data.{field} {old} -> {new}")
+    if old_key.get("format_version") != key["format_version"]:
+        changes.append(f"the prepared format {old_key.get('format_version')} -> {key['format_version']}")
+    return "; ".join(changes) or "its inputs or settings changed"
+
+
+def _lookup(key: dict, path: tuple[str, ...]):
+    for part in path:
+        key = key.get(part, {}) if isinstance(key, dict) else None
+    return None if key == {} else key

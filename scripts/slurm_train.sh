@@ -39,7 +39,7 @@ python=${PYTHON:-.venv/bin/python}
 # anything else beside it, named by the fields that define it (as a sweep names its cells: nmt/run_names.py)
 if [ -n "${OUTPUT:-}" ]; then output=$OUTPUT
 elif [ $# -eq 0 ] && [ "$recipe" = "paper_$model" ]; then output=outputs/${model}_${data}
-else output=outputs/$("$python" -c 'import sys; from nmt.config import register_schemas; register_schemas()
+else output=outputs/$("$python" -c 'import sys; from nmt.compose import register_schemas; register_schemas()
 from nmt.run_names import cell_name_for; print(cell_name_for(sys.argv[1:]))' "model=$model" "data=$data" \
   "+experiment=$recipe" "$@") || exit 2
 fi

@@ -96,7 +96,7 @@ def test_an_added_key_that_is_no_field_is_refused_like_a_typo(prepared, tmp_path
     ("decode", ["checkpoint=x.pt", "++beam=2"]),
 ])
 def test_adding_a_preset_or_setting_a_field_with_plus_plus_stays_allowed(config_name, overrides):
-    from nmt.config import register_schemas
+    from nmt.compose import register_schemas
     from nmt.overrides import override_error
 
     register_schemas()

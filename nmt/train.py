@@ -29,7 +29,7 @@ from nmt.runtime.distributed import rank0_first
 from nmt.runtime.process import Env, setup_env, setup_logging
 from nmt.training.dry_run import dry_run_report, seconds_per_update
 from nmt.training.trainer import Trainer
-from nmt.workers import die_with_launcher, launcher_gone
+from nmt.workers import die_with_launcher, launcher_gone, launcher_stopping
 
 
 log = logging.getLogger("nmt.train")
@@ -148,6 +148,8 @@ def main(cfg) -> None:
             raise ConfigError("train.output_dir in a -m sweep would put every cell in one folder: leave it out (each "
                               "cell trains in hydra.sweep.dir/<its overrides>)")
         die_with_launcher()  # a cell in a launcher's worker process ends with the launcher
+        if launcher_stopping():  # a signal stopped the study: the cells not yet started wait for its next run
+            raise TrainingStopped("the study is stopping: this cell starts when the same command runs again")
     try:
         if is_sweep_cell() or job.train.score:
             run_to_record(job, run, hydra_made_by("relnmt-train"))

@@ -43,17 +43,45 @@ def die_with_parent() -> None:
 LAUNCHER_PID = "RELNMT_LAUNCHER_PID"  # set by a launcher whose worker processes run the jobs (the joblib launcher's)
 
 
+LAUNCHER_STOPPING = "RELNMT_LAUNCHER_STOPPING"  # a file the launcher creates when a signal asks it to stop
+
+
 def die_with_launcher() -> None:
     """In a worker process of a launcher that named itself (LAUNCHER_PID): SIGTERM when the launcher ends, however it
     ends (SIGKILL, the OOM killer, a lost login shell), so a killed study leaves no cell training for nobody: the cell
     stops after its update with a checkpoint, as on any SIGTERM, and the study run again waits for that checkpoint
-    (nmt/checkpoints/folder_lock.py) and continues the cell. Nothing in the launcher's own process."""
+    (nmt/checkpoints/folder_lock.py) and continues the cell. Between cells, a SIGTERM ends the worker if its
+    launcher is gone and is otherwise the launcher's (stop_workers): an idle worker has nothing to stop. Nothing in
+    the launcher's own process."""
     launcher = os.environ.get(LAUNCHER_PID, "")
     if not launcher.isdigit() or int(launcher) == os.getpid():
         return
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM) if launcher_gone() else None)
     die_with_parent()
     if os.getppid() != int(launcher):  # the launcher ended before the line above could ask to be told
-        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)
+
+
+def launcher_stopping() -> bool:
+    """In a launcher's worker process: whether a signal asked the launcher to stop (its LAUNCHER_STOPPING file is
+    there): a cell not yet started then does not start."""
+    path = os.environ.get(LAUNCHER_STOPPING, "")
+    return bool(path) and os.path.exists(path)
+
+
+def stop_workers() -> None:
+    """SIGTERM to this process's worker processes (Linux: its children in /proc), each of which, training a cell,
+    stops after its update with a checkpoint (die_with_launcher: an idle one lets it pass). Safe in a signal handler."""
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            if parent == os.getpid():
+                os.kill(int(entry), signal.SIGTERM)
+        except (OSError, ValueError, IndexError):  # ended meanwhile, or not ours to signal
+            continue
 
 
 def launcher_gone() -> bool:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.compose import register_schemas
 from nmt.lab.page import page_blocks
 from nmt.compose import composed
-from tests.conftest import ROOT, data_overrides, model_overrides, wait_for
+from tests.conftest import INTERACTIVE, ROOT, data_overrides, model_overrides, wait_for
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 SMALL = ["train.max_tokens=300", "train.tokens_per_update=300", "train.valid_every=0", "train.valid_bleu_sentences=0",
@@ -102,16 +103,21 @@ def test_a_cell_that_fails_costs_only_itself_and_is_named(prepared, tmp_path):
     assert "missing.pt: checkpoint not found" in done.stderr  # the cell's own line
 
 
+def updated(sweep: Path, update: int) -> int:
+    """How many cells of the sweep have logged this update."""
+    return sum(f"train update {update}:" in log.read_text() for log in sweep.glob("*/train.log"))
+
+
 @pytest.mark.slow
 def test_a_study_whose_launcher_alone_is_killed_leaves_no_cell_training_and_continues(prepared, tmp_path):
     """The joblib launcher SIGKILLed alone (the OOM killer, a lost login shell; not its process group) while its
     two cells train: each cell stops after its update with a checkpoint instead of training on for nobody, and the
     same command run at once waits for those checkpoints and continues both cells to their scores."""
-    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1", "train.max_steps=40",
+    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1", "train.max_steps=200",
                     "hydra.launcher.n_jobs=2")
     launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
-    wait_for(lambda: len(list(tmp_path.glob("*/checkpoint_0000004.pt"))) == 2, seconds=300)
+    wait_for(lambda: updated(tmp_path, 4) == 2, seconds=300)
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait()
     cells = sorted(p for p in tmp_path.iterdir() if p.is_dir())
@@ -122,8 +128,36 @@ def test_a_study_whose_launcher_alone_is_killed_leaves_no_cell_training_and_cont
 
     wait_for(lambda: not training(), seconds=120)  # no orphan: every worker ended with its launcher
     stopped = [load_checkpoint(cell / LAST, mmap=True)["step"] for cell in cells]
-    assert all(step < 40 for step in stopped), stopped
+    assert all(step < 200 for step in stopped), stopped
     again = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert [json.loads((cell / "result.json").read_text())["updates"] for cell in cells] == [40, 40]
+    assert [json.loads((cell / "result.json").read_text())["updates"] for cell in cells] == [200, 200]
     assert all("resuming from" in (cell / "train.log").read_text() for cell in cells)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, code", [("SIGTERM", 75), ("Ctrl-C", 130)])
+def test_a_study_stopped_by_a_signal_stops_every_cell_with_a_checkpoint(prepared, tmp_path, how, code):
+    """SIGTERM to the launcher alone (a scheduler, `timeout`, a closed terminal), or Ctrl-C (SIGINT to the whole
+    foreground group), while 2 of its 4 cells train: the running cells stop after their update with a checkpoint,
+    the others do not start, the launcher waits for them and exits 75 (130) in one line, leaving no process; the
+    same command continues every cell to its score."""
+    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1,2", "train.max_steps=200",
+                    "hydra.launcher.n_jobs=2")
+    launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, **INTERACTIVE)
+    wait_for(lambda: updated(tmp_path, 4) == 2, seconds=300)
+    if how == "SIGTERM":
+        launcher.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=300)
+    assert launcher.returncode == code and "Traceback" not in err and "leaked" not in err, err[-3000:]
+    assert f"stopped by {'SIGTERM' if code == 75 else 'SIGINT'}: every cell stopped after its update" in err
+    wait_for(lambda: not subprocess.run(["pgrep", "-s", str(launcher.pid)], capture_output=True).stdout, 30)
+    started = [p.parent for p in tmp_path.glob("*/checkpoint_last.pt")]  # no worker trains on for nobody
+    assert len(started) == 2 and all(load_checkpoint(p / LAST, mmap=True)["step"] < 200 for p in started)
+    assert not list(tmp_path.glob("*/result.json")) and not list(tmp_path.glob(".stopping-*"))
+    again = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [json.loads(p.read_text())["updates"] for p in tmp_path.glob("*/result.json")] == [200] * 4

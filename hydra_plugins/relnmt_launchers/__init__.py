@@ -19,6 +19,7 @@ import io
 import logging
 import os
 import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -289,10 +290,38 @@ if joblib_launcher is not None:
         def launch(self, job_overrides, initial_job_idx):
             from hydra.core.utils import JobStatus
 
-            from nmt.workers import LAUNCHER_PID
+            from nmt.errors import EXIT_STOPPED
+            from nmt.workers import LAUNCHER_PID, LAUNCHER_STOPPING, stop_workers
 
             os.environ[LAUNCHER_PID] = str(os.getpid())  # its workers end with it (nmt.workers.die_with_launcher)
-            results = super().launch(job_overrides, initial_job_idx)
+            stopping = Path(str(self.config.hydra.sweep.dir)).absolute() / f".stopping-{os.getpid()}"
+            os.environ[LAUNCHER_STOPPING] = str(stopping)
+            received = []
+
+            def stop(signum, _frame):  # SIGTERM (a scheduler, timeout, a closed terminal's SIGHUP) or a first Ctrl-C
+                if received and signum == signal.SIGINT:
+                    raise KeyboardInterrupt  # Ctrl-C again: at once, keeping what was saved
+                if not received:
+                    received.append(signum)
+                    stopping.parent.mkdir(parents=True, exist_ok=True)
+                    stopping.touch()  # the cells not yet started do not start
+                    stop_workers()  # the running ones stop after their update, with a checkpoint
+                    os.write(2, b"\nstopping the study: every running cell saves a checkpoint after its update "
+                                b"(Ctrl-C again to stop at once)\n")
+
+            signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+            previous = {sig: signal.signal(sig, stop) for sig in signals}
+            try:
+                results = super().launch(job_overrides, initial_job_idx)
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                stopping.unlink(missing_ok=True)
+            if received:
+                print(f"stopped by {signal.Signals(received[0]).name}: every cell stopped after its update with a "
+                      "checkpoint; run the same command again to continue them (the scored cells are skipped)",
+                      file=sys.stderr)
+                raise SystemExit(EXIT_INTERRUPTED if received[0] == signal.SIGINT else EXIT_STOPPED)
             failed = [f"{result.hydra_cfg.hydra.runtime.output_dir}: {result._return_value}"
                       for result in results if result.status == JobStatus.FAILED]
             if failed:  # as wait_for_cells ends a sweep of the submitit launchers

@@ -101,3 +101,19 @@ def test_adding_a_preset_or_setting_a_field_with_plus_plus_stays_allowed(config_
 
     register_schemas()
     assert override_error(config_name, overrides) is None
+
+
+@pytest.mark.parametrize("tool", ["translate", "train"])
+def test_a_gpu_that_is_not_here_is_one_line_naming_the_field(checkpoint, prepared, tmp_path, tool):
+    """device=cuda on a machine without a GPU (or cuda:N past the last one): PyTorch's traceback came when the first
+    tensor moved (exit 1); it is one line naming the field, exit 2, and a run makes no folder."""
+    missing = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"  # one past the last GPU
+    out = tmp_path / "run"
+    if tool == "translate":
+        done = command("translate", f"checkpoint={checkpoint}", f"device={missing}")
+    else:
+        done = command("train", *data_overrides(prepared), *model_overrides(), "train.max_steps=1",
+                       f"train.device={missing}", f"train.output_dir={out}")
+    field = "device" if tool == "translate" else "train.device"
+    one_error_line(done, f"{field}={missing}: {missing} is not here", f"use {field}=auto")
+    assert not out.exists()

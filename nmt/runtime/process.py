@@ -19,15 +19,34 @@ from nmt.errors import EXIT_USER_ERROR, UserError
 from nmt.runtime.memory import retain_freed_memory
 
 
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """auto: this process's GPU if there is one, else the CPU; cuda: this process's GPU (cuda:LOCAL_RANK)."""
+def resolve_device(name: str, local_rank: int = 0, field: str = "device") -> torch.device:
+    """auto: this process's GPU if there is one, else the CPU; cuda: this process's GPU (cuda:LOCAL_RANK). A GPU that
+    is not there is a ConfigError naming `field`, not PyTorch's traceback when the first tensor moves."""
     if not valid_device(name):
-        raise ConfigError(f"device={name} is invalid: it must be auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"{field}={name} is invalid: it must be auto, cpu, cuda or cuda:N")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        return torch.device("cuda", local_rank)
-    return torch.device(name)
+    device = torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
+    if device.type == "cuda" and device.index >= visible_gpus():
+        missing = ConfigError(f"{field}={name}: {device} is not here ({gpus_here()}): use {field}=auto (a GPU where "
+                              f"there is one, else the CPU) or {field}=cpu")
+        # torchrun with more ranks than GPUs: rank 0 has its GPU, and the ranks without one must say it themselves
+        missing.every_rank_alike = visible_gpus() == 0
+        raise missing
+    return device
+
+
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpus_here() -> str:
+    """What this process can use: its GPUs, or why none (a CPU-only build of PyTorch, no GPU visible)."""
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    count = visible_gpus()
+    return f"{count} GPU{'s' * (count != 1)} visible" + (f": cuda:0 to cuda:{count - 1}" if count > 1 else
+                                                        ": cuda:0" if count else "")
 
 
 @dataclass
@@ -71,7 +90,7 @@ def setup_env(device_name: str, threads: int = 0, deterministic: bool = False) -
     export_ranks()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_name, local_rank)
+    device = resolve_device(device_name, local_rank, "train.device")
     if world_size > 1 and device.type == "cuda" and device.index != local_rank:
         raise ConfigError(f"train.device={device_name} is invalid under torchrun: each rank uses cuda:LOCAL_RANK "
                           "(train.device=cuda)")

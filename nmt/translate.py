@@ -68,6 +68,16 @@ def open_source(path: Optional[str]):
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
 
 
+def require_streams(job: DecodeJob) -> None:
+    """Standard input and output that the job reads and writes are open: a shell's `<&-` or `>&-` (or a launcher
+    that starts it without them) leaves sys.stdin or sys.stdout None, and the job would fail at its first read or
+    write with a traceback, after loading the model."""
+    if job.input is None and sys.stdin is None:
+        raise UserError("standard input is closed: pipe the lines in (... | relnmt-translate ...) or give input=FILE")
+    if job.output is None and sys.stdout is None:
+        raise UserError("standard output is closed: give output=FILE, or leave standard output open")
+
+
 def open_output(path: str):
     """output=FILE for writing (output_file checked it first), a failure in one line (a read-only disk, no room)."""
     try:
@@ -156,7 +166,8 @@ def main(cfg) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s", force=True)
     job: DecodeJob = OmegaConf.to_object(cfg)
     try:
-        device = resolve_device(job.check().device)
+        require_streams(job.check())
+        device = resolve_device(job.device)
         if device.type == "cpu":  # each step's cache and activations reuse freed memory, not fresh pages
             retain_freed_memory()
         if job.output:  # before anything is opened for writing: output=FILE empties FILE at once

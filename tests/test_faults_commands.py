@@ -117,3 +117,14 @@ def test_a_gpu_that_is_not_here_is_one_line_naming_the_field(checkpoint, prepare
     field = "device" if tool == "translate" else "train.device"
     one_error_line(done, f"{field}={missing}: {missing} is not here", f"use {field}=auto")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("closed, said", [(0, "standard input is closed: pipe the lines in"),
+                                          (1, "standard output is closed: give output=FILE")])
+def test_translate_with_its_standard_stream_closed_is_one_line(checkpoint, closed, said):
+    """`relnmt-translate checkpoint=C <&-` (or `>&-`): Python starts with sys.stdin (sys.stdout) None, and the job
+    failed with an AttributeError traceback (exit 1) after loading the model."""
+    done = subprocess.run([sys.executable, "-m", "nmt.translate", f"checkpoint={checkpoint}"], cwd=ROOT, env=ENV,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: os.close(closed))
+    one_error_line(done, said)

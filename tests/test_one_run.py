@@ -83,3 +83,11 @@ def test_a_sweep_over_patience_trains_and_scores_each_cell_and_a_rerun_trains_no
     metrics = {json.loads(p.read_text())["config"]["train"]["best_metric"] for p in (tmp_path / "metric").glob(
         "*/result.json")}
     assert metrics == {"nll", "bleu"}
+
+
+def test_a_scored_run_outside_hydras_command_line_refuses_a_typo(tmp_path):
+    """nmt.experiment (and the demo) compose their job themselves: a typo is still refused in one line, exit 2."""
+    done = subprocess.run([sys.executable, "-m", "nmt.experiment", "--output", str(tmp_path / "run"),
+                           "+train.patiense=3"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "did you mean train.patience?" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()

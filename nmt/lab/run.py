@@ -21,9 +21,10 @@ from typing import Callable
 
 from nmt.cluster import export_ranks, requeue_after
 from nmt.compose import compose_job, composed
-from nmt.config import SECTIONS, TrainJob
+from nmt.config import SECTIONS, ConfigError, TrainJob
 from nmt.errors import Stopped, UserError
 from nmt.lab.record import RESULT, finish_run
+from nmt.overrides import override_error
 from nmt.recorded_config import defines_record, plain_job, with_schema_defaults
 
 log = logging.getLogger("nmt.lab.run")
@@ -150,7 +151,9 @@ def score_run(job: TrainJob, out: Path, made_by: MadeBy) -> dict:
 
 def composed_run(overrides: list[str], train: Callable[[TrainJob], Path | None], command: str) -> dict | None:
     """run_to_record for a job composed outside Hydra's command line (nmt.experiment, the demo): configs/train.yaml
-    and `overrides`, which set train.output_dir."""
+    and `overrides`, which set train.output_dir. A typo in them is refused as on the command line (ConfigError)."""
+    if (error := override_error("train", list(overrides))) is not None:
+        raise ConfigError(error)
     job, _ = compose_job(overrides)
     choices = dict(composed(overrides, with_hydra=True).hydra.runtime.choices)
     return run_to_record(job, train, MadeBy(list(overrides), choices, command))

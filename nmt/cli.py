@@ -18,7 +18,7 @@ import hydra
 from nmt.errors import EXIT_STOPPED, EXIT_USER_ERROR, Stopped, UserError
 from nmt.fields import CONFIGS, answer_completion, completion_query, help_text
 from nmt.outputs import remove_unused_folder
-from nmt.overrides import flag_error, override_error, sweep_checks
+from nmt.overrides import emulated_bf16_error, flag_error, override_error, sweep_checks
 
 def program_name(module: str) -> str:
     """The command as the user typed it, for usage lines and hints: `relnmt-train` when run as the console script
@@ -133,7 +133,10 @@ def hydra_job(config_name: str, schema: type, interrupted: str = "interrupted"):
             # a flag (--config-name, --cfg, -sc, ...): Hydra's own checks, as they are; a -m sweep: every value
             flags = [arg for arg in args if arg.startswith("-") or arg.startswith("hydra.mode=")]
             if all(flag in ("-m", "--multirun") for flag in flags):
-                error = next(filter(None, (override_error(config_name, cell) for cell in sweep_checks(args))), None)
+                cells = sweep_checks(args)
+                error = next(filter(None, (override_error(config_name, cell) for cell in cells)), None)
+                if error is None and config_name == "train" and any(flag in ("-m", "--multirun") for flag in flags):
+                    error = emulated_bf16_error(cells)
                 if error is not None:
                     print(f"error: {error} ({program} --help lists the fields)", file=sys.stderr)
                     sys.exit(EXIT_USER_ERROR)

@@ -24,12 +24,22 @@ def register_schemas() -> None:
     name a run's folder (configs/train.yaml)."""
     from hydra.core.config_store import ConfigStore
 
-    for name, resolver in {"model_overrides": model_overrides_suffix, "cell_name": cell_name,
+    for name, resolver in {"run_dir": run_dir, "model_overrides": model_overrides_suffix, "cell_name": cell_name,
                            "data_label": data_label, "init_from": init_from_suffix}.items():
         OmegaConf.register_new_resolver(name, resolver, replace=True)
     for job, node in {"prepare": PrepareJob, "train": TrainJob, "decode": DecodeJob, "score": ScoreJob,
                       "export": ExportJob, "average": AverageJob}.items():
         ConfigStore.instance().store(name=f"{job}_schema", node=node)
+
+
+def run_dir() -> str:
+    """The resolver of train.output_dir's default: the folder Hydra made for this job (a sweep's cell's, or
+    hydra.run.dir); outside a job that makes one (`--cfg job --resolve` prints the job), the folder a run would use."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra = HydraConfig.get()
+    made = None if OmegaConf.is_missing(hydra.runtime, "output_dir") else hydra.runtime.output_dir
+    return made or hydra.run.dir
 
 
 def composed(overrides: list[str], with_hydra: bool = False):

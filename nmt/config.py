@@ -80,7 +80,7 @@ class DataConfig:
     # data=local: file prefixes, read as PREFIX.<src> and PREFIX.<tgt> (plain or .gz)
     train: Optional[str] = places(None)  # data=local: training files' prefix
     valid: Optional[str] = places(None)  # data=local: validation files' prefix
-    test: Optional[str] = places(None)  # data=local: test files' prefix (optional)
+    test: Optional[str] = places(None)  # data=local: test files' prefix (the local preset asks for it: the test set)
     # data=multi30k: folder with {train,val,test_2016_flickr}.<lang>.gz
     root: str = places("data/multi30k")  # data=multi30k: the folder of its .gz files
     # data=wmt14: Hugging Face hub dataset and config
@@ -148,7 +148,7 @@ class TrainConfig:
     keep_last: int = places(20)  # numbered checkpoints kept (older ones deleted); 0 = all
     average_last: int = 0  # at the end, average the last N checkpoints into output_dir/averaged.pt
     seed: int = 1  # initialization, dropout and data order
-    output_dir: str = places("${hydra:runtime.output_dir}")  # checkpoints, logs; default outputs/<model>_<data>[.overrides]
+    output_dir: str = places("${run_dir:}")  # checkpoints, logs; default outputs/<model>_<data>[.overrides]
     device: str = places("auto")  # auto | cpu | cuda | cuda:N (under torchrun: cuda, each rank its own)
     precision: Precision = Precision.auto  # mixed precision (auto: bf16 or fp16 on a GPU, fp32 on a CPU)
     log_every: int = places(100)  # a log line (and TensorBoard scalars) every N updates

@@ -112,7 +112,12 @@ def help_text(config_name: str, schema: type, program: str, doc: str | None) -> 
     presets = {group: sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
                for group in ("model", "data", "experiment") if (CONFIGS / group).is_dir()}
     if config_name == "train":
-        lines += ["", f"+experiment=NAME  a recipe over the presets: {', '.join(presets['experiment'])}"]
+        studies = sorted(p.stem for p in (CONFIGS / "study").glob("*.yaml"))
+        lines += ["", f"+experiment=NAME  a recipe over the presets: {', '.join(presets['experiment'])}",
+                  "-m KEY=A,B ...    a sweep: a run per cell, each in a folder named by what defines it, ending in "
+                  "its score", f"-m +study=NAME    a study of results/README.md as one sweep: {', '.join(studies)}"]
+    lines += [*([] if config_name == "train" else [""]), "--cfg job [--resolve]  print the composed job instead of "
+              "running it; -sc install=bash  shell completion (zsh, fish too)"]
     chosen = {k: v for entry in OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{config_name}.yaml").defaults)
               if isinstance(entry, dict) for k, v in entry.items()}  # the presets the defaults below come from
     width = min(40, max(len(name) + len(shown(_lookup(defaults, name))) for name, (group, _) in fields.items()

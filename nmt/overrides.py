@@ -78,7 +78,9 @@ def did_you_mean(config_name: str, text: str, overrides: list[str]) -> str | Non
     if found := re.search(r"Could not find '([\w/]+)/([^']+)'", text):
         group, name = found.groups()
         presets = sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
-        prefix = "+" if group == "experiment" else ""
+        written = [o for o in overrides if o.lstrip("+").split("=", 1)[0] == group]  # as the user wrote it
+        prefix = written[0][:len(written[0]) - len(written[0].lstrip("+"))] if written else \
+            ("" if group in ("model", "data") else "+")  # a group configs/train.yaml does not list is added
         return (f"{prefix}{group}={name} is not a preset{nearest(name, presets).replace('mean ', f'mean {prefix}{group}=')}"
                 f" (presets: {', '.join(presets)})")
     if found := re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]\s+full_key: (\S+)", text):
@@ -165,3 +167,28 @@ def flag_error(args: list[str], schema: type) -> str | None:
         hint = f": did you mean {near[0]}={value}?" if near else ""
         return f"options are key=value, not {name}{hint}"
     return None
+
+
+def emulated_bf16_error(cells: list[list[str]], native: bool | None = None) -> str | None:
+    """One line, before a sweep trains, when its recipe trains in bf16 on a CPU that has no native bf16 and the
+    command did not choose a precision: autocast then emulates bf16, and every update takes many times as long as in
+    fp32 (a study's records were made in bf16: reproducing them bit for bit needs it). None where nothing is to say.
+    native: whether this CPU computes bf16 natively (default: nmt.machine.native_cpu_bf16)."""
+    if not cells or any(o.lstrip("+").startswith("train.precision=") for o in cells[0]):
+        return None
+    from nmt.compose import composed
+
+    plain = [o for o in cells[0] if "=" in o and not o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    train = composed(plain).train
+    if str(getattr(train.precision, "value", train.precision)) != "bf16" or train.device not in ("auto", "cpu"):
+        return None
+    import torch
+
+    from nmt.machine import native_cpu_bf16
+
+    if torch.cuda.is_available() or (native if native is not None else native_cpu_bf16()):
+        return None
+    return ("this sweep's recipe trains in bf16 (its records' precision) and this CPU has no native bf16: autocast "
+            "emulates it, and every update takes many times as long as in fp32. Choose: train.precision=fp32 "
+            "(fast; its scores differ from the records' as another seed's do) or train.precision=bf16 (the records' "
+            "bits, slowly)")

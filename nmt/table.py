@@ -46,8 +46,12 @@ def pick(rows: dict[str, list[dict]], wanted: list[str], where: list[str] = ()) 
     """The rows holding each wanted override, in that order (all rows, in their natural order, for none), among those
     holding every override of `where` that defines a cell (the sweep's shared overrides: other sweeps' cells in its
     folder are left out); and the wanted overrides that no row or several rows hold."""
-    shared = {o.lstrip("+") for o in where if defines_row(o.lstrip("+").split("=", 1)[0])}
-    rows = {name: cells for name, cells in rows.items() if shared <= row_overrides(cells)}
+    seeds = {o.split("=", 1)[1] for o in where if o.lstrip("+").startswith("train.seed=")}  # a row's cells
+    shared = {o.lstrip("+") for o in where if defines_row(o.lstrip("+").split("=", 1)[0])
+              and not o.lstrip("+").startswith("train.seed=")}
+    rows = {name: [c for c in cells if not seeds or str(c["seed"]) in seeds] for name, cells in rows.items()
+            if shared <= row_overrides(cells)}
+    rows = {name: cells for name, cells in rows.items() if cells}
     if not wanted:
         return sorted(rows.items(), key=lambda item: natural_key(item[0])), []
     picked, missing = [], []
@@ -120,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", nargs="+", default=[], metavar="KEY=VALUE", help="the rows to show, in order")
     parser.add_argument("--baseline", metavar="KEY=VALUE", help="the row the others are compared with")
     parser.add_argument("--where", nargs="+", default=[], metavar="KEY=VALUE",
-                        help="only the rows holding these overrides (those that define a run; others are ignored)")
+                        help="only the rows holding these overrides (those that define a run; others are ignored), "
+                        "and with train.seed=N only those seeds' cells")
     parser.add_argument("--blocks", nargs="+", metavar="NAME", help="a page: only these tables (default: all)")
     parser.add_argument("--samples", type=int, default=1000, help="paired-bootstrap resamples")
     parser.add_argument("--cite", nargs="+", default=[], type=Path, metavar="FILE",
@@ -135,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
         if not rows:
             raise DataError(f"no cell of {args.folder} holds a result.json: its sweep has not scored a cell yet")
         picked, missing = pick(rows, args.rows, args.where)
+        if not picked and not missing:
+            raise UserError(f"no row of {args.folder} holds every --where override ({' '.join(args.where)}); its "
+                            "rows: " + ", ".join(sorted(rows)))
         if picked:
             sys.stdout.write(sweep_table(picked, args.baseline, args.samples))
         if missing:

@@ -118,12 +118,13 @@ def next_steps(job: TrainJob, out: Path, last_valid: tuple[int, dict] | None, pr
                 (("nll", "nll", 3), ("ppl", "ppl", 2), ("bleu_greedy", "greedy BLEU", 2)) if key in valid]
         lines.append(f"last validation (update {step}): {', '.join(said)}")
     average_last, src, tgt = job.train.average_last, job.data.src, job.data.tgt
-    model = checkpoint_to_decode(out, average_last)
-    which = (f"the average of the last {average_last} checkpoints" if average_last > 0 else
+    model = checkpoint_to_decode(out, job.train)
+    which = (f"the best on validation, train.best_metric={job.train.best_metric.value}" if model.name == BEST else
+             f"the average of the last {average_last} checkpoints" if average_last > 0 else
              "the newest checkpoint" if model.name != LAST else
              "the last update's weights; the numbered checkpoints are deleted")
     lines.append(f"the model to use: {model} ({which})")
-    if (out / BEST).is_file():
+    if (out / BEST).is_file() and model.name != BEST:
         lines.append(f"the best on validation (train.best_metric): {out / BEST}")
     if (prepared / f"test.{src}").is_file():
         hyp = out / f"test.hyp.{tgt}"

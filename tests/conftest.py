@@ -194,3 +194,32 @@ def at_a_terminal() -> None:
 
 
 INTERACTIVE = {"preexec_fn": at_a_terminal}  # Popen(..., **INTERACTIVE): a child that Ctrl-C reaches as at a terminal
+
+
+def fake_cell(folder, hyps: list[str], refs: list[str], seed: int, *overrides: str) -> dict:
+    """A scored cell as nmt/lab/record.py writes one, of `relnmt-train -m +study=table3 <overrides> train.seed=<seed>`."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from nmt.compose import cell_name_for, composed
+    from nmt.score import score
+
+    cfg = composed(["+study=table3", *overrides, f"train.seed={seed}"], with_hydra=True)
+    cell = folder / cell_name_for(["+study=table3", *overrides, f"train.seed={seed}"])
+    cell.mkdir(parents=True)
+    (cell / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    config = {section: {k: v for k, v in OmegaConf.to_container(cfg[section], enum_to_str=True).items()
+                        if k != "output_dir"} for section in ("model", "optim", "train", "data")}
+    result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "split": cfg.train.score_split,
+              **score(hyps, refs, "de"),
+              "overrides": list(overrides), "config": config,
+              "choices": {name: cfg.hydra.runtime.choices.get(name) for name in ("model", "data", "experiment")}}
+    (cell / "result.json").write_text(json.dumps(result))
+    return result
+
+
+def multi30k(split: str) -> list[str]:
+    """Multi30k's bundled German references of a split (test_2016_flickr, val)."""
+    with gzip.open(MULTI30K / f"{split}.de.gz", "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f]

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
 
 from nmt.lab.collect import check_scores, declared_row, declared_rows, read_cells, row_of
 from nmt.compose import register_schemas
@@ -14,8 +13,7 @@ from nmt.experiment import scored_run_overrides
 from nmt.lab.run import composed_run
 from nmt.train import run
 from nmt.lab.page import page_blocks, replace_block
-from nmt.score import score
-from tests.conftest import MULTI30K, ROOT, data_overrides, model_overrides
+from tests.conftest import MULTI30K, ROOT, data_overrides, fake_cell, model_overrides, multi30k
 
 
 def local_overrides(prepared):
@@ -36,24 +34,6 @@ def test_a_scored_run_records_what_it_ran(prepared, tmp_path):
     assert result["signature"].startswith("nrefs:1|case:mixed") and 0.0 <= result["bleu"] <= 100.0
     config = (tmp_path / "run" / "config.yaml").read_text()
     assert "clip: 3" in config and "rel_value: false" in config  # config.yaml holds the values really used
-
-
-def fake_cell(folder, hyps: list[str], refs: list[str], seed: int, *overrides: str) -> dict:
-    """A scored cell as nmt/lab/record.py writes one, of `relnmt-train -m +study=table3 <overrides> train.seed=<seed>`."""
-    from nmt.compose import cell_name_for, composed
-
-    cfg = composed(["+study=table3", *overrides, f"train.seed={seed}"], with_hydra=True)
-    cell = folder / cell_name_for(["+study=table3", *overrides, f"train.seed={seed}"])
-    cell.mkdir(parents=True)
-    (cell / "test.hyp.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    config = {section: {k: v for k, v in OmegaConf.to_container(cfg[section], enum_to_str=True).items()
-                        if k != "output_dir"} for section in ("model", "optim", "train", "data")}
-    result = {"pair": "en-de", "seed": seed, "hyp": "test.hyp.de", "split": cfg.train.score_split,
-              **score(hyps, refs, "de"),
-              "overrides": list(overrides), "config": config,
-              "choices": {name: cfg.hydra.runtime.choices.get(name) for name in ("model", "data", "experiment")}}
-    (cell / "result.json").write_text(json.dumps(result))
-    return result
 
 
 def test_the_collector_groups_cells_into_rows_and_tests_them_against_the_full_model(tmp_path):
@@ -82,11 +62,6 @@ def test_the_collector_groups_cells_into_rows_and_tests_them_against_the_full_mo
     page.write_text("before\n<!-- results:table3 -->\nold\n<!-- /results:table3 -->\nafter\n")
     page.write_text(replace_block(page.read_text(), "table3", table))
     assert "old" not in page.read_text() and table in page.read_text() and "after" in page.read_text()
-
-
-def multi30k(split: str) -> list[str]:
-    with gzip.open(MULTI30K / f"{split}.de.gz", "rt", encoding="utf-8") as f:
-        return [line.strip() for line in f]
 
 
 def test_relnmt_table_on_a_sweep_gives_the_pages_verdicts_and_names_what_it_leaves_out(tmp_path, capsys, caplog):

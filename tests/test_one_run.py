@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from nmt.checkpoints.checkpoint import LAST, load_checkpoint
 from nmt.compose import cell_name_for, compose_job, register_schemas
 from nmt.recorded_config import defines_cell, defines_record, defines_run, defines_weights, role
 from nmt.roles import Role
@@ -72,8 +73,14 @@ def test_a_sweep_over_patience_trains_and_scores_each_cell_and_a_rerun_trains_no
     records = {json.loads(p.read_text())["config"]["train"]["patience"]: json.loads(p.read_text())
                for p in tmp_path.glob("*/result.json")}
     assert sorted(records) == [0, 1]
-    assert records[0]["updates"] == 3 and records[1]["updates"] == 2  # each cell its own model and score
-    assert records[0]["cell"] != records[1]["cell"]
+    folders = {patience: tmp_path / record["cell"] for patience, record in records.items()}
+    trained = {patience: load_checkpoint(folder / LAST, mmap=True)["step"] for patience, folder in folders.items()}
+    assert trained == {0: 3, 1: 2} and folders[0] != folders[1]  # each cell its own run, model and score
+    assert records[0]["checkpoint"] == "checkpoint_0000003.pt"
+    assert records[1]["checkpoint"] == "checkpoint_best.pt"  # stopped early: the best on validation is scored
+    log = (folders[1] / "train.log").read_text()  # and is the model the summary names, fairseq's way
+    assert f"the model to use: {folders[1] / 'checkpoint_best.pt'} (the best on validation" in log
+    assert f"next: relnmt-translate checkpoint={folders[1] / 'checkpoint_best.pt'} " in log
     assert not list(tmp_path.rglob("experiment.json"))
     again = sweep(prepared, tmp_path, "train.patience=0,1")
     assert again.returncode == 0 and again.stderr.count(": done (") == 2, again.stderr[-3000:]

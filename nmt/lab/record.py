@@ -1,5 +1,5 @@
-"""The one record of a finished run, CELL/result.json: the recipe's checkpoint (averaged.pt where it averages, else
-the newest) decoded on a split of the prepared data (beam 4, alpha 0.6), the hypotheses beside it, the scores
+"""The one record of a finished run, CELL/result.json: the recipe's checkpoint (checkpoint_to_decode: the best on
+validation under early stopping, averaged.pt where it averages, else the newest) decoded on a split of the prepared data (beam 4, alpha 0.6), the hypotheses beside it, the scores
 (nmt/score.py), and what made the run (its overrides, composed choices and resolved config). Written whole or not
 at all by `finish_run`, which every path ends in: a sweep's cell (nmt/lab/run.py), one experiment (nmt/experiment.py)
 and the demo; nmt/lab/collect.py reads it back."""
@@ -11,12 +11,13 @@ from pathlib import Path
 
 import torch
 
-from nmt.checkpoints.checkpoint import LAST, load_checkpoint, numbered_checkpoints
-from nmt.config import DataConfig, SearchConfig, TrainJob
+from nmt.checkpoints.checkpoint import BEST, LAST, load_checkpoint, numbered_checkpoints
+from nmt.config import DataConfig, SearchConfig, TrainConfig, TrainJob
 from nmt.data.pipeline import prepared_dir
 from nmt.data.readers import read_lines
 from nmt.decoding.decode import load_translator, translate_lines
 from nmt.machine import host, machine
+from nmt.modes import BestMetric
 from nmt.outputs import write_json
 from nmt.runtime.process import resolve_device
 from nmt.score import score, tokenized_bleu_of, tokenized_label
@@ -25,12 +26,16 @@ RESULT = "result.json"
 CHOICES = ("model", "data", "experiment")  # the presets that name a cell (nmt/run_names.py cell_name_of)
 
 
-def checkpoint_to_decode(output: Path, average_last: int, log=None) -> Path:
-    """What a run decodes: the average its recipe asks for (train.average_last=N: averaged.pt), else the run's newest
-    checkpoint, said in a log line. A recipe without averaging still ends in its score."""
-    if average_last > 0:
+def checkpoint_to_decode(output: Path, train: TrainConfig, log=None) -> Path:
+    """What a run decodes, and the model its summary says to use: with early stopping (train.patience > 0) or
+    validation BLEU as the best metric, the best on validation (checkpoint_best.pt, as fairseq's users expect); else
+    the average its recipe asks for (train.average_last=N: averaged.pt); else the run's newest checkpoint, said in a
+    log line (its numbered checkpoints deleted: checkpoint_last.pt, the same weights)."""
+    if (train.patience > 0 or BestMetric(train.best_metric) == BestMetric.bleu) and (output / BEST).is_file():
+        return output / BEST
+    if train.average_last > 0:
         return output / "averaged.pt"
-    newest = (numbered_checkpoints(output) or [output / LAST])[-1]  # the numbered ones deleted: the final state
+    newest = (numbered_checkpoints(output) or [output / LAST])[-1]
     if log is not None:
         log.info("train.average_last=0: decoding the newest checkpoint, %s (no average)", newest.name)
     return newest
@@ -64,7 +69,7 @@ def finish_run(job: TrainJob, out: Path, resolved: dict, overrides: list[str], c
     """Decode and score the trained run in `out` on train.score_split (its first train.score_lines sentences, all
     for 0); write out/result.json, whole or not at all; return it."""
     started = time.monotonic()
-    checkpoint = checkpoint_to_decode(out, job.train.average_last, log)
+    checkpoint = checkpoint_to_decode(out, job.train, log)
     state = load_checkpoint(checkpoint, mmap=True)
     result = decode_and_score(checkpoint, job.data, job.train.score_split, SearchConfig(), out,
                               job.train.score_lines or None, job.train.device, log)

@@ -40,7 +40,7 @@ python=${PYTHON:-.venv/bin/python}
 if [ -n "${OUTPUT:-}" ]; then output=$OUTPUT
 elif [ $# -eq 0 ] && [ "$recipe" = "paper_$model" ]; then output=outputs/${model}_${data}
 else output=outputs/$("$python" -c 'import sys; from nmt.compose import register_schemas; register_schemas()
-from nmt.run_names import cell_name_for; print(cell_name_for(sys.argv[1:]))' "model=$model" "data=$data" \
+from nmt.compose import cell_name_for; print(cell_name_for(sys.argv[1:]))' "model=$model" "data=$data" \
   "+experiment=$recipe" "$@") || exit 2
 fi
 saved() { stat -c %Y "$output/checkpoint_last.pt" 2>/dev/null || echo 0; }  # when the last whole state was saved

@@ -43,8 +43,9 @@ test-all: install
 # updates (configs/experiment/demo.yaml; UPDATES=N for another), so every machine trains the same model.
 UPDATES ?=
 LINES ?=
+DEMO_OUT ?= outputs/demo$(if $(UPDATES),_$(UPDATES))  # another budget is another run: a folder of its own
 demo: install
-	$(PY) scripts/demo.py $(if $(UPDATES),--updates $(UPDATES)) $(if $(LINES),--lines $(LINES)) --output outputs/demo
+	$(PY) scripts/demo.py $(if $(UPDATES),--updates $(UPDATES)) $(if $(LINES),--lines $(LINES)) --output $(DEMO_OUT)
 
 # offline: EXTRA=data.hub_name=DIR, a copy of the hub repository wmt/wmt14
 prepare-wmt14: install

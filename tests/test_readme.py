@@ -35,7 +35,7 @@ RULES = [
     (r"^make (test|test-all)$", "skip: the test suite this test belongs to"),
     (r"^make install$", "skip: the environment this test runs in (CI ran it first)"),
     (r"^\. \.venv/bin/activate$", "skip: changes the calling shell only (every command here runs in the venv)"),
-    (r"^make demo", " UPDATES=4 LINES=10"),
+    (r"^make demo", " UPDATES=4 LINES=10 DEMO_OUT=outputs/demo"),  # the folder the docs' later commands read
     (r"^make prepare-wmt14", f"skip: {HUB}"),
     (r"^make (train-base|train-big|ablate-k|ablate-kv)", f"skip: {GPU}"),
     (r"^make (decode|score) (CKPT|SRC|REF)=", f"skip: {GPU} and sacrebleu's newstest2014 download"),
@@ -185,7 +185,7 @@ def test_every_readme_command_has_a_plan_and_the_known_ones_are_found():
         assert kind in ("run", "skip", "mention") and what, command
     assert commands.index("make demo") < commands.index(
         "sacrebleu prepared/multi30k_en_de/test.de -i results/demo/test.hyp.de") < commands.index("make plots")
-    assert plan("make demo UPDATES=400") == ("run", "make demo UPDATES=400 UPDATES=4 LINES=10")
+    assert plan("make demo UPDATES=400") == ("run", "make demo UPDATES=400 UPDATES=4 LINES=10 DEMO_OUT=outputs/demo")
     assert plan("make train-base")[0] == "skip" and plan("python -m experiments.param_count")[0] == "run"
     assert plan("scripts/gpu_wheels.sh") == ("run", "scripts/gpu_wheels.sh")  # the package index is reachable
 

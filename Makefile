@@ -134,7 +134,7 @@ ablate-kv: install
 # results/cells, JOBS cells at a time on this machine (Hydra's joblib launcher); a cell two tables share is trained
 # once, a scored cell is skipped, a stopped one continues from its checkpoint. Then the page's tables are rebuilt.
 JOBS ?= 2
-STUDY = $(PY) -m nmt.train -m hydra.launcher.n_jobs=$(JOBS) +study=
+STUDY = $(PY) -m nmt.train -m hydra.launcher.n_jobs=$(JOBS) hydra.sweep.dir=results/cells +study=
 table1 table2 table3 descendants lr_check: install
 	$(STUDY)$@ $(EXTRA)
 	$(PY) -m nmt.table results/README.md

@@ -242,6 +242,7 @@ class DecodeJob(SearchConfig):
     buffer_lines: int = 5000  # input lines read, translated (length-sorted) and written at a time: bounds memory
     nbest: int = 1  # > 1: that many translations per line with their scores ("INDEX ||| TRANSLATION ||| SCORE"); <= beam
     device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # CPU threads (0: torch's default, OMP_NUM_THREADS or every core); a CTranslate2 model's too
     precision: Precision = Precision.auto  # auto: bf16 autocast on a GPU that has it, else fp32
     attention: Attention = Attention.auto  # relative self-attention's implementation (auto | torch | triton)
 
@@ -249,6 +250,7 @@ class DecodeJob(SearchConfig):
         super().check()
         require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
+        require(self.threads >= 0, "threads", self.threads, ">= 0 (0: torch's default)")
         require(1 <= self.nbest <= self.beam, "nbest", self.nbest, f"in [1, beam={self.beam}]")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self

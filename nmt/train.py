@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
@@ -88,7 +89,10 @@ def train_in(env: Env, job: TrainJob) -> Path:
         try:
             rank0_first(env, lambda: prepare(job.data))  # a no-op when the prepared data is up to date
             trainer = Trainer(job, env)
-            stop = trainer.train()
+            try:
+                stop = trainer.train()
+            except (torch.OutOfMemoryError, MemoryError) as full:
+                raise OutOfMemory(out_of_memory_line(job, env, full)) from None
         except UserError:
             if fresh and env.main:  # refused before it trained (missing data): no folder of a run that never was
                 remove_unused_folder(out, RUN_BOOKKEEPING)
@@ -105,6 +109,20 @@ def train_in(env: Env, job: TrainJob) -> Path:
             for line in next_steps(job, out, trainer.metrics.last_valid, trainer.data.directory):
                 log.info("%s", line)
     return out
+
+
+class OutOfMemory(UserError):
+    """A micro-batch that did not fit: said in one line with the remedies that keep the recipe's batch."""
+
+
+def out_of_memory_line(job: TrainJob, env: Env, full: BaseException) -> str:
+    """What to do when a micro-batch does not fit in the device's (or the host's) memory: the two settings that keep
+    the recipe's batch, since the trainer accumulates micro-batches up to it (nmt/batch.py)."""
+    where = "the GPU's" if isinstance(full, torch.OutOfMemoryError) else "the host's"
+    return (f"out of memory ({where}) on {env.device} with train.max_tokens={job.train.max_tokens}: set "
+            "train.checkpoint_activations=true (each layer recomputed in the backward: the same gradients, far less "
+            f"memory) or a smaller train.max_tokens (e.g. {max(1, job.train.max_tokens // 2)}: the trainer accumulates "
+            "more micro-batches to the same batch per update); the run resumes from its last checkpoint")
 
 
 def next_steps(job: TrainJob, out: Path, last_valid: tuple[int, dict] | None, prepared: Path) -> list[str]:

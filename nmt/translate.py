@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Optional
 
+import torch
 from omegaconf import OmegaConf
 
 from nmt.cli import hydra_job
@@ -168,6 +169,8 @@ def main(cfg) -> None:
     try:
         require_streams(job.check())
         device = resolve_device(job.device)
+        if job.threads:  # beside a training job, translate takes what it is given, not every core
+            torch.set_num_threads(job.threads)
         if device.type == "cpu":  # each step's cache and activations reuse freed memory, not fresh pages
             retain_freed_memory()
         if job.output:  # before anything is opened for writing: output=FILE empties FILE at once

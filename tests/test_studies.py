@@ -36,7 +36,7 @@ def test_every_study_composes_for_this_machine_and_for_slurm():
         for launcher in ([], ["hydra/launcher=slurm"]):
             cfg = composed([f"+study={path.stem}", *launcher], with_hydra=True)
             params = cfg.hydra.sweeper.params
-            assert "train.seed" in params and cfg.hydra.sweep.dir == "results/cells", path.name
+            assert "train.seed" in params and cfg.hydra.sweep.dir == "multirun/studies", path.name
             target = cfg.hydra.launcher._target_
             assert target.endswith("SlurmLauncher" if launcher else "JoblibLauncher"), (path.name, target)
 

@@ -237,3 +237,18 @@ def multi30k_words():
     from tests.conftest import multi30k_lines
 
     return " ".join(multi30k_lines("train", "en", 200)).split()
+
+
+def test_translate_takes_the_threads_it_is_given(checkpoint, tmp_path):
+    """threads=N: decoding beside a training job takes N threads, not every core (torch's default)."""
+    (tmp_path / "in.en").write_text("A dog runs.\n")
+    probe = ("import sys, torch, nmt.translate as t\n"
+             f"sys.argv = ['relnmt-translate', 'checkpoint={checkpoint}', 'input={tmp_path / 'in.en'}', "
+             f"'output={tmp_path / 'out.de'}', 'beam=1', 'threads=1']\n"
+             "try:\n    t.main()\nexcept SystemExit:\n    pass\n"
+             "print('THREADS', torch.get_num_threads(), file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"})
+    assert "THREADS 1" in done.stderr and (tmp_path / "out.de").read_text().count("\n") == 1, done.stderr[-2000:]
+    refused = cli("nmt.translate", f"checkpoint={checkpoint}", "threads=-1", stdin="A dog.\n")
+    assert refused.returncode == 2 and "threads" in refused.stderr and "Traceback" not in refused.stderr

@@ -254,3 +254,21 @@ def test_the_bundled_corpus_is_found_from_any_folder(tmp_path, monkeypatch):
     assert sum(len(block.pairs()) for block in valid) == 1014
     monkeypatch.chdir(REPOSITORY)  # from the repository, as given: the prepared data's identity is unchanged
     assert multi30k_prefix("data/multi30k", "valid") == "data/multi30k/val"
+
+
+@pytest.mark.parametrize("full", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                  MemoryError()])
+def test_a_micro_batch_that_does_not_fit_names_the_two_remedies(prepared, tmp_path, monkeypatch, full):
+    """Out of memory (the GPU's, faked here, or the host's): one line naming the settings that keep the batch."""
+    from nmt.train import OutOfMemory
+    from nmt.training.trainer import Trainer
+
+    def no_room(*_args, **_kwargs):
+        raise full
+
+    monkeypatch.setattr(Trainer, "train_step", no_room)
+    with pytest.raises(OutOfMemory) as said:
+        run(job(prepared, tmp_path, max_steps=2, valid_every=0, valid_bleu_sentences=0))
+    line = str(said.value)
+    assert "\n" not in line and "train.checkpoint_activations=true" in line and "a smaller train.max_tokens" in line
+    assert ("the GPU's" if isinstance(full, torch.OutOfMemoryError) else "the host's") in line

@@ -113,7 +113,7 @@ def test_a_study_whose_launcher_alone_is_killed_leaves_no_cell_training_and_cont
     """The joblib launcher SIGKILLed alone (the OOM killer, a lost login shell; not its process group) while its
     two cells train: each cell stops after its update with a checkpoint instead of training on for nobody, and the
     same command run at once waits for those checkpoints and continues both cells to their scores."""
-    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1", "train.max_steps=200",
+    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1", "train.max_steps=60",
                     "hydra.launcher.n_jobs=2")
     launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -128,10 +128,10 @@ def test_a_study_whose_launcher_alone_is_killed_leaves_no_cell_training_and_cont
 
     wait_for(lambda: not training(), seconds=120)  # no orphan: every worker ended with its launcher
     stopped = [load_checkpoint(cell / LAST, mmap=True)["step"] for cell in cells]
-    assert all(step < 200 for step in stopped), stopped
+    assert all(step < 60 for step in stopped), stopped
     again = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert [json.loads((cell / "result.json").read_text())["updates"] for cell in cells] == [200, 200]
+    assert [json.loads((cell / "result.json").read_text())["updates"] for cell in cells] == [60, 60]
     assert all("resuming from" in (cell / "train.log").read_text() for cell in cells)
 
 
@@ -142,7 +142,7 @@ def test_a_study_stopped_by_a_signal_stops_every_cell_with_a_checkpoint(prepared
     foreground group), while 2 of its 4 cells train: the running cells stop after their update with a checkpoint,
     the others do not start, the launcher waits for them and exits 75 (130) in one line, leaving no process; the
     same command continues every cell to its score."""
-    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1,2", "train.max_steps=200",
+    command = study(prepared, tmp_path, "+ablation=absolute,relative", "train.seed=1,2", "train.max_steps=60",
                     "hydra.launcher.n_jobs=2")
     launcher = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True, **INTERACTIVE)
@@ -156,8 +156,8 @@ def test_a_study_stopped_by_a_signal_stops_every_cell_with_a_checkpoint(prepared
     assert f"stopped by {'SIGTERM' if code == 75 else 'SIGINT'}: every cell stopped after its update" in err
     wait_for(lambda: not subprocess.run(["pgrep", "-s", str(launcher.pid)], capture_output=True).stdout, 30)
     started = [p.parent for p in tmp_path.glob("*/checkpoint_last.pt")]  # no worker trains on for nobody
-    assert len(started) == 2 and all(load_checkpoint(p / LAST, mmap=True)["step"] < 200 for p in started)
+    assert len(started) == 2 and all(load_checkpoint(p / LAST, mmap=True)["step"] < 60 for p in started)
     assert not list(tmp_path.glob("*/result.json")) and not list(tmp_path.glob(".stopping-*"))
     again = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert [json.loads(p.read_text())["updates"] for p in tmp_path.glob("*/result.json")] == [200] * 4
+    assert [json.loads(p.read_text())["updates"] for p in tmp_path.glob("*/result.json")] == [60] * 4

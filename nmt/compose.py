@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import threading
 from pathlib import Path
-
 from typing import Optional
 
 from omegaconf import OmegaConf
@@ -72,13 +71,9 @@ def preset_job(*overrides: str) -> TrainJob:
         return compose_job([*overrides, "train.output_dir=-"])[0]
 
 
-def is_missing(node, field: str) -> bool:
-    return OmegaConf.is_missing(node, field)
-
-
 def cell_fields(cfg, keep=lambda section, field: False) -> dict:
     """{section: {field: value}} of a composed job: the fields that define a cell (defines_cell), and `keep`'s."""
-    return {section: {field: None if is_missing(cfg[section], field) else cfg[section][field]
+    return {section: {field: None if OmegaConf.is_missing(cfg[section], field) else cfg[section][field]
                       for field in cfg[section] if defines_cell(section, field) or keep(section, field)}
             for section in SECTIONS}
 

@@ -14,10 +14,9 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
-
 
 from nmt.cluster import export_ranks, requeue_after
 from nmt.compose import compose_job, composed
@@ -120,7 +119,7 @@ def log_crash(folder: Path | None, crash: Exception) -> None:
     if not any(getattr(handler, "stream", None) is sys.stderr for handler in root.handlers):
         root.addHandler(logging.StreamHandler(sys.stderr))
     try:
-        logging.getLogger("nmt.lab.run").error("the cell crashed: %s: %s", type(crash).__name__, crash, exc_info=crash)
+        log.error("the cell crashed: %s: %s", type(crash).__name__, crash, exc_info=crash)
     finally:
         if added is not None:
             root.removeHandler(added)

@@ -88,6 +88,8 @@ class DataConfig:
     hub_config: Optional[str] = None  # data=wmt14: the dataset config (de-en, fr-en)
     vocab_size: int = 8000  # shared SentencePiece vocabulary size (WMT14 and local presets: 32,768)
     vocab_sample: int = 4_000_000  # sentences SentencePiece learns from (a sample drawn with a fixed seed)
+    # A vocabulary to reuse instead of learning one (fine-tuning on another corpus): vocab_size and vocab_sample unread
+    vocab_from: Optional[str] = None  # a prepared folder, its spm.model, or a checkpoint whose vocabulary to keep
     max_len: int = 250  # training pairs longer than this (subword tokens, either side) are dropped
     max_ratio: float = 1.5  # training pairs whose token-length ratio exceeds this are dropped
     max_src_words: int = 0  # training pairs whose source has more words are dropped (0 = no cap; length study)

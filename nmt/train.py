@@ -58,19 +58,33 @@ def run(job: TrainJob) -> Path:
 
 def dry_run(env: Env, job: TrainJob) -> None:
     """train.dry_run=true (nmt/training/dry_run.py): every rank times a few updates, rank 0 prints the report."""
+    trainer, seconds = timed_updates(env, job)
+    if env.main:
+        print(dry_run_report(trainer, env, seconds))
+
+
+def timed_updates(env: Env, job: TrainJob) -> tuple[Trainer, float]:
+    """The dry run's measure: the data prepared, a Trainer of its own, the seconds an update takes on this launch."""
     micro_batches(job.train, env.world_size)  # ConfigError: the recipe's batch is out of reach
     setup_logging(None, env.main)
     try:
         rank0_first(env, lambda: prepare(job.data))
         trainer = Trainer(job, env)
-        seconds = seconds_per_update(trainer)
+        return trainer, seconds_per_update(trainer)
     finally:
         if env.world_size > 1:
             dist.destroy_process_group()
         if env.main:  # the empty folder Hydra made for the run's default output_dir
             remove_unused_folder(Path(job.train.output_dir), bookkeeping=())
-    if env.main:
-        print(dry_run_report(trainer, env, seconds))
+
+
+def estimated_seconds(job: TrainJob) -> float:
+    """The dry run's estimate of a one-process run's training time (validation and saves not counted), before it
+    trains: what `make demo` says first. The run itself starts afresh (its own Trainer, seeded from the job)."""
+    job.check()
+    env = setup_env(job.train.device, job.train.threads, job.train.deterministic)
+    with env.refusal_ends_the_launch():
+        return timed_updates(env, job)[1] * job.train.max_steps
 
 
 def train_in(env: Env, job: TrainJob) -> Path:

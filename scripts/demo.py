@@ -27,7 +27,9 @@ from nmt.lab.record import RESULT, summary
 from nmt.lab.run import composed_run
 from nmt.runtime.memory import retain_freed_memory
 from nmt.runtime.precision import experiment_cpu_precision
-from nmt.train import run
+from nmt.checkpoints.checkpoint import LAST
+from nmt.config import TrainJob
+from nmt.train import estimated_seconds, run
 
 
 def main() -> None:
@@ -48,8 +50,19 @@ def main() -> None:
         f"train.precision={experiment_cpu_precision().value}", *args.overrides])
     command = " ".join(["python", "scripts/demo.py", *sys.argv[1:]])
     with ends_in_one_line("demo"):  # a stop: exit 75 (nmt.train said how to continue); a bad input: one line
-        result = composed_run(overrides, run, command)
+        result = composed_run(overrides, said_how_long_then_run, command)
     print(f"{summary(result)}; wrote {args.output / RESULT}")
+
+
+def said_how_long_then_run(job: TrainJob):
+    """The run, after a line saying how long its training should take here (the dry run's estimate: a few timed
+    updates; a demo that continues a stopped one shows it on its progress bar instead)."""
+    if not (Path(job.train.output_dir) / LAST).is_file():
+        minutes = estimated_seconds(job) / 60
+        print(f"demo: about {minutes:.0f} minutes to train {job.train.max_steps} updates on this machine in "
+              f"{job.train.precision.value} (the dry run's estimate: train.dry_run=true), then decoding; the records' "
+              "times on three kinds of CPU: README.md", file=sys.stderr, flush=True)
+    return run(job)
 
 
 if __name__ == "__main__":

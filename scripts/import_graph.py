@@ -25,7 +25,8 @@ LAYERS = [
     ["nmt.errors", "nmt.modes", "nmt.roles", "nmt.machine", "nmt.timing", "nmt.progress", "nmt.cluster",
      "nmt.workers"],  # leaves: user errors, switches, the machine, small helpers of no stage
     ["nmt.config", "nmt.recorded_config", "nmt.batch", "nmt.run_names", "nmt.outputs",
-     "nmt.runtime"],  # the schemas and their one rule (Role), the process
+     "nmt.runtime", "nmt.checkpoints.checkpoint"],  # the schemas and their one rule (Role), the process, the
+    # checkpoint file (data reads the vocabulary one carries)
     ["nmt.compose"],  # configs/ composed over the schemas: a job or a preset's values, for any code above
     ["nmt.fields", "nmt.overrides"],  # a job's fields for --help and completion, and its overrides checked
     ["nmt.data"],  # readers, vocabulary and its special ids, shards, batching: text and tokens, no model

@@ -1,17 +1,25 @@
 """Fine-tuning (train.init_from): a new run from a checkpoint's weights, everything else fresh, in a folder of its own;
 refused in one line when the checkpoint's model or vocabulary is not the job's."""
 
+import hashlib
+import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint, save_checkpoint
+from nmt.checkpoints.checkpoint import LAST, CheckpointError, load_checkpoint, save_checkpoint, vocabulary_of
+from nmt.data.pipeline import prepare
+from nmt.data.readers import DataError
+from nmt.data.vocab import given_vocabulary
 from nmt.run_names import init_from_suffix
 from nmt.train import run
 from nmt.training import trainer as train_module
-from tests.conftest import ROOT, data_overrides, micro_config, micro_job, model_overrides, one_error_line
+from tests.conftest import (ROOT, data_overrides, local_config, micro_config, micro_job, model_overrides,
+                            one_error_line)
 
 
 def weights_at_first_update(monkeypatch) -> list[dict]:
@@ -94,3 +102,88 @@ def test_a_fine_tuning_run_gets_a_default_folder_of_its_own():
         ".from-tiny_multi30k_en_de-checkpoint_best"
     assert init_from_suffix(["model.clip=4"]) == "" and init_from_suffix(["train.init_from=null"]) == ""
     assert len(init_from_suffix([f"train.init_from={'x' * 300}/a.pt"])) <= 60
+
+
+def in_domain_corpus(directory, prepared):
+    """Another corpus than the `prepared` fixture's: later Multi30k lines, the fixture's validation and test files."""
+    from tests.conftest import multi30k_lines, write
+
+    directory.mkdir()
+    for lang in ("en", "de"):
+        write(directory / f"train.{lang}", multi30k_lines("train", lang, 2300)[1800:])
+        for split in ("valid", "test"):
+            (directory / f"{split}.{lang}").write_bytes(Path(getattr(prepared, split) + f".{lang}").read_bytes())
+    return local_config(directory, prepared_dir=str(directory / "prepared"))
+
+
+def test_a_corpus_prepared_with_a_checkpoints_vocabulary_fine_tunes_from_it(prepared, checkpoint, tmp_path):
+    """data.vocab_from (fairseq's --srcdict): the checkpoint's SentencePiece model, byte for byte, encodes the new
+    corpus, so train.init_from accepts it; a prepared folder or its spm.model give the same vocabulary."""
+    domain = in_domain_corpus(tmp_path / "domain", prepared)
+    learned = domain.prepared_dir
+    prepare(domain)  # its own vocabulary: a fine-tuning run on it is refused, naming the remedy
+    with pytest.raises(CheckpointError, match=rf"data.vocab_from={checkpoint}, in a data.prepared_dir of its own"):
+        run(tuned_on(domain, tmp_path / "refused", checkpoint))
+
+    domain.prepared_dir = str(tmp_path / "domain" / "given")
+    domain.vocab_from = str(checkpoint)
+    folder = prepare(domain)
+    assert (folder / "spm.model").read_bytes() == vocabulary_of(checkpoint) != (Path(learned) / "spm.model").read_bytes()
+    assert Path(prepared.prepared_dir, "spm.model").read_bytes() == vocabulary_of(checkpoint)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["key"]["vocab"] == {"type": "sentencepiece-bpe",
+                                        "given": hashlib.sha256(vocabulary_of(checkpoint)).hexdigest()}
+    stamp = (folder / "manifest.json").stat().st_mtime_ns
+    for same in (prepared.prepared_dir, str(Path(prepared.prepared_dir) / "spm.model")):  # the same vocabulary
+        domain.vocab_from = same
+        prepare(domain)
+        assert (folder / "manifest.json").stat().st_mtime_ns == stamp  # up to date: nothing rebuilt
+
+    run(tuned_on(domain, tmp_path / "tuned", checkpoint))
+    state = load_checkpoint(tmp_path / "tuned" / LAST)
+    assert state["step"] == 2 and state["vocab"].numpy().tobytes() == vocabulary_of(checkpoint)
+
+    domain.vocab_from = str(Path(learned) / "spm.model")  # another vocabulary: the folder is rebuilt with it
+    prepare(domain)
+    assert (folder / "spm.model").read_bytes() == (Path(learned) / "spm.model").read_bytes()
+
+
+def tuned_on(data, out, checkpoint):
+    job = micro_job(data, out, max_steps=2, init_from=str(checkpoint))
+    job.model = micro_config(max_positions=80)
+    return job
+
+
+def test_a_vocabulary_that_cannot_be_given_is_one_line(prepared, checkpoint, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken.model").write_bytes(b"not a sentencepiece model")
+    weights_only = load_checkpoint(checkpoint)
+    del weights_only["vocab"]
+    save_checkpoint(weights_only, tmp_path / "no_vocab.pt")
+    cases = {tmp_path / "missing": "no such file or folder",
+             tmp_path / "empty": "no spm.model in that folder",
+             tmp_path / "broken.model": "is not a SentencePiece model",
+             tmp_path / "no_vocab.pt": "carries no vocabulary"}
+    for path, why in cases.items():
+        with pytest.raises(DataError, match=rf"data.vocab_from={path}: .*{why}"):
+            given_vocabulary(str(path))
+    domain = in_domain_corpus(tmp_path / "domain", prepared)
+    done = subprocess.run([sys.executable, "-m", "nmt.prepare", *data_overrides(domain)[:1],
+                           *[f"data.{k}={getattr(domain, k)}" for k in ("train", "valid", "test", "prepared_dir")],
+                           f"data.vocab_from={tmp_path / 'broken.model'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    one_error_line(done, f"data.vocab_from={tmp_path / 'broken.model'}", "is not a SentencePiece model")
+    assert not Path(domain.prepared_dir).exists()
+
+
+def test_the_examples_in_domain_slice_keeps_the_pairs_that_mention_the_word(tmp_path):
+    from experiments.domain_slice import read, write_slice
+
+    counts = write_slice("dog", tmp_path)
+    for split, n in counts.items():
+        en = (tmp_path / f"{split}.en").read_text().splitlines()
+        de = (tmp_path / f"{split}.de").read_text().splitlines()
+        assert len(en) == len(de) == n > 0
+        mentioned = [(s, t) for s, t in zip(read(split, "en"), read(split, "de"))
+                     if re.search(r"\bdogs?\b", s, re.IGNORECASE)]
+        assert list(zip(en, de)) == mentioned  # every such pair, in order, each line beside its own translation

@@ -74,6 +74,15 @@ def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) ->
     return state
 
 
+def vocabulary_of(path: str | Path) -> bytes:
+    """The SentencePiece model a checkpoint carries (the vocabulary its run was prepared with), as bytes; the file is
+    mapped, so a whole training state's weights are not read. CheckpointError when it holds none."""
+    state = load_checkpoint(path, mmap=True)
+    if state.get("vocab") is None:
+        raise CheckpointError(f"{path}: carries no vocabulary (a checkpoint nmt.train or nmt.average wrote does)")
+    return state["vocab"].numpy().tobytes()
+
+
 def non_finite(model: dict) -> str | None:
     """Which tensors of a state dict hold a NaN or an inf ("decoder.0.ffn.weight holds NaN or inf values (and 3 more
     tensors)"), None if none does. The one test of every door a weight passes: the trainer's save, averaging, and

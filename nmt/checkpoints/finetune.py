@@ -39,7 +39,8 @@ def initial_weights(path: str, model: dict, data: Prepared) -> dict[str, torch.T
     differs = model_differences(model, state["config"].get("model", {}))
     if state["vocab"].numpy().tobytes() != data.spm_model:
         differs.append(f"its vocabulary is another SentencePiece model than the prepared data's "
-                       f"{data.directory / 'spm.model'} (fine-tune on data prepared with the checkpoint's vocabulary)")
+                       f"{data.directory / 'spm.model'} (prepare this corpus with the checkpoint's: data.vocab_from={path}, "
+                       "in a data.prepared_dir of its own)")
     if differs:
         raise InitFromRefused(f"{field} cannot start this run: {'; '.join(differs)}")
     if broken := non_finite(state["model"]):

@@ -24,7 +24,7 @@ from nmt.data.readers import DataError
 from nmt.data.encode import map_blocks, write_split
 from nmt.data.shards import EncodedSplit
 from nmt.data.sources import SPLITS, another_corpus, key_changes, manifest_key, prepared_offline
-from nmt.data.vocab import Vocab, train_vocab
+from nmt.data.vocab import Vocab, given_vocabulary, train_vocab
 from nmt.outputs import remove_stale_temporaries, temporary_name
 from nmt.progress import ProgressBar
 from nmt.workers import worker_count
@@ -110,6 +110,22 @@ def _write_vocab_input(cfg: DataConfig, path: Path, workers: int) -> int:
     return lines
 
 
+def _vocabulary(cfg: DataConfig, work: Path, workers: int) -> Vocab:
+    """work/spm.model: the given vocabulary (data.vocab_from), byte for byte, or one learned from the training text."""
+    if cfg.vocab_from:
+        (work / "spm.model").write_bytes(given_vocabulary(cfg.vocab_from))
+        log.info("vocabulary: given by data.vocab_from=%s (not learned; data.vocab_size unread)", cfg.vocab_from)
+        return Vocab(work / "spm.model")
+    vocab_text = work / "vocab_input.txt"
+    sentences = _write_vocab_input(cfg, vocab_text, workers)
+    if sentences == 0:  # before SentencePiece, whose error would not name the files
+        raise DataError(no_pair_left(cfg, {"read": 0}))
+    log.info("vocabulary text: %d sentences", sentences)
+    vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample, threads=workers))
+    vocab_text.unlink()
+    return vocab
+
+
 def prepare(cfg: DataConfig, force: bool = False) -> Path:
     """Build (or reuse, when up to date) the prepared folder for cfg; returns its path."""
     target = prepared_dir(cfg)
@@ -142,14 +158,8 @@ def prepare(cfg: DataConfig, force: bool = False) -> Path:
         remove_stale_temporaries(target)  # a killed prepare's half-written folder (WMT14: gigabytes)
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir()
-        vocab_text = work / "vocab_input.txt"
         workers = worker_count(cfg.workers)
-        sentences = _write_vocab_input(cfg, vocab_text, workers)
-        if sentences == 0:  # before SentencePiece, whose error would not name the files
-            raise DataError(no_pair_left(cfg, {"read": 0}))
-        log.info("vocabulary text: %d sentences", sentences)
-        vocab = Vocab(train_vocab(vocab_text, work / "spm", cfg.vocab_size, cfg.vocab_sample, threads=workers))
-        vocab_text.unlink()
+        vocab = _vocabulary(cfg, work, workers)
         stats = {}
         log.info("encoding on %d worker%s", workers, "s" * (workers > 1))
         for split in SPLITS:

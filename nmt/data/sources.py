@@ -4,11 +4,13 @@ prepared folder is rebuilt and an unchanged one, however it was reached, is not.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 from nmt.config import DataConfig
 from nmt.data import readers
+from nmt.data.vocab import given_vocabulary
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "valid", "test")
@@ -53,9 +55,17 @@ def manifest_key(cfg: DataConfig, inputs: bool = True) -> dict:
         "format_version": FORMAT_VERSION,
         "src": cfg.src, "tgt": cfg.tgt,
         **({"inputs": describe_inputs(cfg)} if inputs else {}),
-        "vocab": {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample},
+        "vocab": vocab_key(cfg),
         "filters": {"max_len": cfg.max_len, "max_ratio": cfg.max_ratio, "max_src_words": cfg.max_src_words},
     }
+
+
+def vocab_key(cfg: DataConfig) -> dict:
+    """The vocabulary's part of the key: the settings it is learned with, or the given model's digest (data.vocab_from:
+    the same vocabulary from another path is the same data; an edited one is not)."""
+    if cfg.vocab_from:
+        return {"type": "sentencepiece-bpe", "given": hashlib.sha256(given_vocabulary(cfg.vocab_from)).hexdigest()}
+    return {"type": "sentencepiece-bpe", "size": cfg.vocab_size, "sample": cfg.vocab_sample}
 
 
 def prepared_offline(cfg: DataConfig, existing: dict | None) -> bool:
@@ -115,6 +125,7 @@ def key_changes(old_key: dict, key: dict) -> str:
         moved = "the same content at other paths" if same_content(old, new) else "other files"
         changes.append(f"{', '.join(edited)} changed" if edited else f"data.{split}: {moved}")
     settings = {"src": ("src",), "tgt": ("tgt",), "vocab_size": ("vocab", "size"), "vocab_sample": ("vocab", "sample"),
+                "vocab_from": ("vocab", "given"),
                 **{name: ("filters", name) for name in key["filters"]}}
     for field, path in settings.items():
         old, new = _lookup(old_key, path), _lookup(key, path)

@@ -13,7 +13,9 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from nmt.checkpoints.checkpoint import CheckpointError, vocabulary_of
 from nmt.config import ConfigError
+from nmt.data.readers import DataError
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,35 @@ def _forget_how_it_ran(model: Path) -> None:
     for run_only in ("input", "model_prefix", "num_threads"):
         proto.trainer_spec.ClearField(run_only)
     model.write_bytes(proto.SerializeToString())
+
+
+def given_vocabulary(path: str) -> bytes:
+    """The SentencePiece model data.vocab_from names, as bytes: a prepared folder's spm.model, an spm.model file, or
+    the vocabulary a checkpoint carries (fairseq's --srcdict, OpenNMT-py's -src_vocab). It must keep this project's
+    special ids (a vocabulary nmt.prepare learned does); else a DataError naming data.vocab_from."""
+    field, given = f"data.vocab_from={path}", Path(path)
+    if given.is_dir():
+        given = given / "spm.model"
+        if not given.is_file():
+            raise DataError(f"{field}: no spm.model in that folder (a folder nmt.prepare wrote holds one)")
+    if not given.is_file():
+        raise DataError(f"{field}: no such file or folder (give a prepared folder, its spm.model or a checkpoint)")
+    if given.suffix == ".model":
+        model = given.read_bytes()
+    else:
+        try:
+            model = vocabulary_of(given)
+        except CheckpointError as err:
+            raise DataError(f"{field}: {err}") from None
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=model)
+    except RuntimeError:
+        raise DataError(f"{field}: {given} is not a SentencePiece model") from None
+    ids = (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id())
+    if ids != (PAD, UNK, BOS, EOS):
+        raise DataError(f"{field}: its special ids (pad, unk, bos, eos) are {ids}, not this project's "
+                        f"{(PAD, UNK, BOS, EOS)}: give a vocabulary nmt.prepare learned")
+    return model
 
 
 class Vocab:

@@ -252,3 +252,45 @@ def test_the_learning_rate_checks_gaps_in_prose_are_its_table_means():
         low, high = min(gaps, key=gaps.get), max(gaps, key=gaps.get)
         assert [float(printed.group(start)), printed.group(start + 1).lower(), float(printed.group(start + 2)),
                 printed.group(start + 3).lower()] == [gaps[low], low, gaps[high], high]
+
+
+def test_the_fine_tuning_examples_figures_are_its_records(tmp_path):
+    """docs/configuration.md's worked example: the slice's sizes, BLEU before and after, the update and minutes, the
+    paired bootstrap's p (sacreBLEU's own, on the committed hypotheses) and the rates tried on validation."""
+    import subprocess
+    import sys
+
+    from experiments.domain_slice import mentions, read
+
+    folder = RESULTS / "finetune_dogs"
+    text = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
+    sizes = [sum(bool(mentions("dog").search(line)) for line in read(split, "en")) for split in ("train", "valid", "test")]
+    check(numbers(r"a dog \((\S+) training, (\S+) validation, (\S+) test pairs;", text), sizes, "slice sizes")
+    before, after = json.loads((folder / "before" / "score.json").read_text()), record("finetune_dogs/tuned/result.json")
+    assert after["split"] == "test" and after["checkpoint"] == "checkpoint_best.pt"
+    check(numbers(r"before, sacreBLEU (\S+) on the (\S+) test sentences; after, (\S+) \(`checkpoint_best.pt`, update "
+                  r"(\S+); (\S+) minutes of training", text),
+          [before["bleu"], after["sentences"], after["bleu"], after["updates"], after["train_minutes"]], "before, after")
+    ref = tmp_path / "test.de"  # the slice's own test side, cut again (prepared/ is not committed)
+    ref.write_text("".join(de + "\n" for en, de in zip(read("test", "en"), read("test", "de"))
+                           if mentions("dog").search(en)))
+    done = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(folder / "before" / "test.hyp.de"),
+                           str(folder / "tuned" / "test.hyp.de"), "--paired-bs", "-m", "bleu"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    p = json.loads(done.stdout)[1]["BLEU"]["p_value"]
+    check(numbers(r"paired bootstrap p = (\S+),", text), [p], "paired bootstrap")
+    valid = [record(f"finetune_dogs/choice/lr{rate}.json")["bleu"] for rate in ("0.03", "0.1", "0.3")]
+    check(numbers(r"0.03, 0.1 and 0.3 gave (\S+), (\S+) and (\S+) BLEU on the slice's (\S+) validation sentences, the "
+                  r"demo's model (\S+)\)", text),
+          [*valid, sizes[1], json.loads((folder / "before" / "valid_score.json").read_text())["bleu"]], "rates")
+
+
+def test_the_translate_pool_figures_are_their_record():
+    seconds = record("translate_pools.json")["seconds_median"]
+    alone, busy = seconds["beside 0 busy processes"], seconds["beside 2 busy processes"]
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    check(numbers(r"Alone: (\S+) s \(GNU's default\), (\S+) s \(relnmt's\), (\S+) s \(no spin,", text),
+          list(alone.values()), "alone")
+    check(numbers(r"a core busy: (\S+) s, (\S+) s and (\S+) s, so relnmt's spin is (\S+)× faster", text),
+          [*busy.values(), busy["GNU default (GOMP_SPINCOUNT=300000)"] / busy["relnmt's (GOMP_SPINCOUNT=10000)"]],
+          "beside busy processes")

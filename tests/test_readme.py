@@ -54,7 +54,8 @@ RULES = [
     (r"^python -m torch.distributed.run --standalone --nproc_per_node=8 -m nmt.train model=base data=local",
      f"skip: {GPU}, on the user's own corpus"),
     # a whole test set from a model of a few updates: greedy and short, the search is tested elsewhere
-    (r"^relnmt-translate checkpoint=outputs/(my_en_fr/last5.pt|tiny_multi30k_en_de/last3.pt|demo_shared/ct2) input=",
+    (r"^relnmt-translate checkpoint=outputs/(my_en_fr/last5.pt|tiny_multi30k_en_de/last3.pt|demo_shared/ct2|demo/averaged.pt)"
+     r" input=",
      " beam=1 max_extra=5"),
     (r"^relnmt-train model=tiny data=local .* train.output_dir=outputs/my_en_fr.no_av train.score=true",
      " train.max_steps=4 train.save_every_steps=2 train.valid_every=0 train.valid_bleu_sentences=0"
@@ -63,6 +64,8 @@ RULES = [
      " train.max_steps=6 train.save_every_steps=2 train.valid_every=6 train.valid_bleu_sentences=0"),
     (r"^relnmt-train model=tiny data=multi30k_en_de \+experiment=demo train.init_from=",
      " train.max_steps=4 train.save_every_steps=2 train.valid_every=2 train.valid_bleu_sentences=0"),
+    (r"^relnmt-train model=tiny data=local data.train=corpus/dogs/train .* train.init_from=outputs/demo/averaged.pt ",
+     " train.max_steps=4 train.save_every_steps=2 train.valid_every=2 train.valid_bleu_sentences=0 train.score_lines=10"),
     (r"^relnmt-prepare \.\.\. force=true$", "replace: relnmt-prepare data=multi30k_en_de force=true"),
     (r"^python -m nmt.kernels.resources$", ' --arch 90 --only "bfloat16 D=64 R=15 decode" --jobs 2'),
     (r"^python -m pytest ", "skip: part of the suite this test belongs to"),
@@ -100,6 +103,7 @@ RULES = [
     (r"^python -m benchmarks.positions", " --repeats 1 --model-repeats 1 --sizes 32 64"),
     (r"^python -m benchmarks.decode_ratio", " --sentences 20 --repeats 1 --output outputs/decode_ratio_test.json"
      " --exports outputs/decode_ratio_test"),
+    (r"^python -m benchmarks.translate_pools", " --lines 5 --repeats 1 --busy 1 --output outputs/translate_pools_test.json"),
     (r"^python -m benchmarks.decode_profile", " --sentences 20 --output outputs/decode_profile_test.json"),
     (r"^python -m benchmarks.deploy",
      " --sentences 20 --repeats 1 --threads 1 --output outputs/bench_deploy_test --exports outputs/bench_deploy_test"),

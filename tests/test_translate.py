@@ -252,3 +252,18 @@ def test_translate_takes_the_threads_it_is_given(checkpoint, tmp_path):
     assert "THREADS 1" in done.stderr and (tmp_path / "out.de").read_text().count("\n") == 1, done.stderr[-2000:]
     refused = cli("nmt.translate", f"checkpoint={checkpoint}", "threads=-1", stdin="A dog.\n")
     assert refused.returncode == 2 and "threads" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_translate_shortens_openmps_spin_before_torch_loads_it_and_a_users_value_wins():
+    """GOMP_SPINCOUNT is read when torch loads libgomp: nmt.translate sets it before torch is first imported."""
+    probe = ("import os, sys\n"
+             "class Probe:\n"
+             "    def find_spec(self, name, path=None, target=None):\n"
+             "        if name == 'torch': print('torch imported with', os.environ.get('GOMP_SPINCOUNT'), flush=True)\n"
+             "sys.meta_path.insert(0, Probe())\n"
+             "import nmt.translate\n")
+    for given, seen in ((None, "10000"), ("300000", "300000")):
+        env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"} | ({"GOMP_SPINCOUNT": given} if given else {})
+        done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=120, check=True)
+        assert done.stdout.splitlines()[0] == f"torch imported with {seen}", done.stdout

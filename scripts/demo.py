@@ -58,8 +58,9 @@ def said_how_long_then_run(job: TrainJob):
     """The run, after a line saying how long its training should take here (the dry run's estimate: a few timed
     updates; a demo that continues a stopped one shows it on its progress bar instead)."""
     if not (Path(job.train.output_dir) / LAST).is_file():
-        minutes = estimated_seconds(job) / 60
-        print(f"demo: about {minutes:.0f} minutes to train {job.train.max_steps} updates on this machine in "
+        seconds = estimated_seconds(job)
+        about = f"{seconds / 60:.0f} minutes" if seconds >= 120 else f"{seconds:.0f} seconds"
+        print(f"demo: about {about} to train {job.train.max_steps} updates on this machine in "
               f"{job.train.precision.value} (the dry run's estimate: train.dry_run=true), then decoding; the records' "
               "times on three kinds of CPU: README.md", file=sys.stderr, flush=True)
     return run(job)

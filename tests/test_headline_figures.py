@@ -79,6 +79,13 @@ def test_the_demo_figures_are_its_records():
                       r" min,", " ".join(README.split()))
     check(printed, [bf16["bleu"], bf16["chrf"], bf16["compound_split_bleu"], bf16["total_minutes"], fp32["bleu"],
                     fp32["total_minutes"]], "the demo's paragraph")
+    epyc, avx2 = record("demo_epyc_bf16/result.json"), record("demo_avx2_fp32/result.json")
+    assert epyc["host"]["native_bf16"] and "no native bf16" in avx2["device"]  # that EPYC, held to AVX2 for the second
+    assert avx2["host"]["model"] == epyc["host"]["model"] and avx2["config"]["train"]["precision"] == "fp32"
+    check(numbers(r"an AMD EPYC with AVX512-BF16: (\S+), (\S+) min\) and \S+ \(fp32, \S+ min, an Intel Xeon with AVX-512\) "
+                  r"and (\S+) \(fp32, (\S+) min, AVX2 only", " ".join(README.split())),
+          [epyc["bleu"], epyc["train_minutes"] + epyc["score_minutes"], avx2["bleu"],
+           avx2["train_minutes"] + avx2["score_minutes"]], "the demo's CPU classes")
 
 
 @pytest.mark.parametrize("label, part, table, row, reference", [  # part: of a cell "En-De figures / En-Fr figures"

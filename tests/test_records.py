@@ -35,10 +35,11 @@ def records() -> dict[str, str]:
 
 def parse(command: str, monkeypatch) -> argparse.Namespace:
     """The program's own parse of the command's arguments (argparse's exit 2 on a bad one), without running it; a
-    sweep's cell (`relnmt-train -m <overrides>`) has only overrides, which compose below."""
+    sweep's cell (`relnmt-train -m <overrides>`) or a scored run (`relnmt-train <overrides> train.score=true`) has
+    only overrides, which compose below."""
     words = shlex.split(command)
-    if words[:2] == ["relnmt-train", "-m"]:
-        return argparse.Namespace(overrides=words[2:])
+    if words[0] == "relnmt-train":
+        return argparse.Namespace(overrides=words[2:] if words[1] == "-m" else words[1:])
     assert words[0] == "python", command
     original = argparse.ArgumentParser.parse_args
 

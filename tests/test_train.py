@@ -406,3 +406,16 @@ def test_deterministic_runs_with_torch_deterministic_algorithms_and_the_cublas_w
                            "train.deterministic=true", f"train.output_dir={tmp_path}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "fp32 precision, deterministic algorithms;" in done.stderr, done.stderr[-3000:]
+
+
+def test_the_dry_runs_estimate_before_a_run_changes_nothing_the_run_trains(prepared, tmp_path):
+    """What `make demo` says first (nmt.train.estimated_seconds): a few updates timed on a Trainer of their own; the
+    run after it trains the same weights as one never estimated, and the estimate writes no run folder."""
+    from nmt.train import estimated_seconds
+
+    run(job(prepared, tmp_path / "alone", max_steps=3))
+    estimated = job(prepared, tmp_path / "estimated", max_steps=3)
+    assert estimated_seconds(estimated) > 0 and not (tmp_path / "estimated").exists()
+    run(estimated)
+    alone, after = (load_checkpoint(tmp_path / name / LAST)["model"] for name in ("alone", "estimated"))
+    assert alone.keys() == after.keys() and all(torch.equal(alone[k], after[k]) for k in alone)

@@ -1,6 +1,6 @@
 """Significance with the seed as the unit: Welch's t-test on per-seed scores (Welch 1947), Holm-adjusted over a
-family of comparisons (Holm 1979), and the smallest difference a null result could have detected, with no
-dependency beyond the standard library; every table (nmt/table.py, nmt/lab/page.py) compares rows with them.
+family of comparisons (Holm 1979), and the smallest difference a null result could have detected (the noncentral
+t, post hoc: at the observed spreads), on scipy's distributions; every table (nmt/table.py, nmt/lab/page.py) compares rows with them.
 
 A run's BLEU varies with its seed (initialization, dropout, data order) by more than sentence resampling shows:
 sacrebleu's paired bootstrap on the seeds' concatenated hypotheses measures only the second, so its p-value says
@@ -12,7 +12,8 @@ there); with 3 seeds a row, p = 0.05 needs a gap of about 3 pooled standard devi
 A table makes many comparisons; a verdict reads the Holm-adjusted p (`holm`: the family-wise error rate of the whole
 family at most ALPHA), never the raw one. A comparison whose adjusted p is not below ALPHA is a null result, stated
 as the smallest difference the seeds could have detected (`detectable_difference`: 80% power for Welch's test at
-the level Holm's step-down held the comparison to, `holm_levels`), not as "level with".
+the level Holm's step-down held the comparison to, `holm_levels`, from the noncentral t at the observed spreads),
+not as "level with".
 """
 
 from __future__ import annotations
@@ -20,40 +21,17 @@ from __future__ import annotations
 import math
 import statistics
 
+try:  # the lab's extra (pip install -e '.[lab]'; make install brings it): Student's t and the noncentral t
+    from scipy import stats as scipy_stats
+    from scipy.optimize import brentq
+except ModuleNotFoundError as missing:
+    raise ModuleNotFoundError("the tables' statistics need scipy: pip install -e '.[lab]'") from missing
+
 MIN_SEEDS = 3  # below this a row's variance is too uncertain for a p-value worth printing
-
-def _continued_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the regularized incomplete beta function (modified Lentz's method)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for numerator in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def regularized_beta(x: float, a: float, b: float) -> float:
-    """I_x(a, b), the regularized incomplete beta function, for 0 <= x <= 1."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _continued_fraction(a, b, x) / a
-    return 1.0 - front * _continued_fraction(b, a, 1.0 - x) / b
-
 
 def t_two_sided_p(t: float, df: float) -> float:
     """P(|T| >= |t|) for Student's t with df degrees of freedom."""
-    return regularized_beta(df / (df + t * t), df / 2.0, 0.5)
+    return float(2 * scipy_stats.t.sf(abs(t), df))
 
 
 def welch_test(a: list[float], b: list[float]) -> tuple[float, float, float]:
@@ -108,26 +86,30 @@ ALPHA, POWER = 0.05, 0.80
 
 
 def t_quantile(upper_tail: float, df: float) -> float:
-    """The t with P(T >= t) = upper_tail (0 < upper_tail <= 0.5) for Student's t with df degrees of freedom
-    (bisection on t_two_sided_p)."""
-    lo, hi = 0.0, 1.0
-    while t_two_sided_p(hi, df) > 2 * upper_tail:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 2 * upper_tail else (lo, mid)
-    return (lo + hi) / 2
+    """The t with P(T >= t) = upper_tail for Student's t with df degrees of freedom."""
+    return float(scipy_stats.t.isf(upper_tail, df))
+
+
+def welch_power(noncentrality: float, df: float, alpha: float = ALPHA) -> float:
+    """The power of the two-sided t-test at `alpha` with df degrees of freedom when the true difference is
+    `noncentrality` standard errors: P(|T'| > t_{1-alpha/2}), T' noncentral t."""
+    critical = t_quantile(alpha / 2, df)
+    wrong_side = scipy_stats.nct.cdf(-critical, df, noncentrality)  # NaN where it underflows (scipy 1.17): nil
+    return float(scipy_stats.nct.sf(critical, df, noncentrality) + (0.0 if math.isnan(wrong_side) else wrong_side))
 
 
 def detectable_difference(a: list[float], b: list[float], alpha: float = ALPHA, power: float = POWER) -> float:
-    """The smallest true difference of means Welch's two-sided test at `alpha` finds with probability `power` with
-    these seeds: (t_{1-alpha/2} + t_{power}) * sqrt(s_a^2/n_a + s_b^2/n_b), df Welch-Satterthwaite's (the usual
-    approximation: the central t in place of the noncentral one). The standard error and degrees of freedom are the
-    test's own (welch_variance), so an observed gap larger than this always has p below `alpha`."""
+    """The smallest true difference of means Welch's two-sided test at `alpha` finds with probability `power`: the
+    noncentrality at which the noncentral t's power is `power` (welch_power), times the test's own standard error,
+    with its Welch-Satterthwaite degrees of freedom (welch_variance), so an observed gap larger than this always has p
+    below `alpha`. Post hoc: it takes the observed spreads for the true ones (with 3 seeds a row, a rough measure)."""
     variance, df = welch_variance(a, b)
     if variance == 0.0:
         return 0.0
-    return (t_quantile(alpha / 2, df) + t_quantile(1 - power, df)) * math.sqrt(variance)
+    high = 2 * t_quantile(alpha / 2, df) + 2
+    while welch_power(high, df, alpha) < power:
+        high *= 2
+    return float(brentq(lambda nc: welch_power(nc, df, alpha) - power, 0.0, high, xtol=1e-10)) * math.sqrt(variance)
 
 
 def seed_noise(groups: list[list[float]], n_a: int, n_b: int, alpha: float = ALPHA) -> float | None:

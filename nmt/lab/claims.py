@@ -19,13 +19,15 @@ A sentence that compares rows with none of these words and without a computed co
 the words of DESCRIBED ("two seeds, no test"), or quotes one in the form "p = X, adjusted Y" (checked by
 tests/test_significance.py against the tables).
 
+A percentage of one row's mean of another's is a marker too, `<!-- pct ROW/REFERENCE -->77%<!-- /pct -->`
+(`cite_percentages`); `unsupported_claims` finds the claims that a direction word does not cover.
+
 A chance level on a synthetic task is the shortcut check's figure (experiments/shortcuts.py): a sentence that
 states one (`chance_uncited`) cites it with `<!-- chance TASK LENGTH SHARE -->FIGURE<!-- /chance -->`, TASK
 `offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares) or `marker`
 (experiments/edge_values.py), SHARE a key of `shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the
-commonest symbol 3 or more places to the left) or of `marker_shortcuts`,
-FIGURE its value on the evaluation batch of seed 1, written by `python -m experiments.chance --cite FILE ...`
-(experiments depend on nmt, never the reverse).
+commonest symbol 3 or more places to the left) or of `marker_shortcuts`, FIGURE its value on the evaluation batch
+of seed 1, written by `python -m experiments.chance --cite FILE ...` (experiments depend on nmt, never the reverse).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ CITATION = re.compile(r"<!-- cmp (?P<ids>[^>]*?) -->(?P<clause>.*?)<!-- /cmp -->
 CHANCE = re.compile(r"<!-- chance (?P<task>\S+) (?P<length>\d+) (?P<share>\S+) -->(?P<figure>.*?)<!-- /chance -->")
 CHANCE_LEVEL = re.compile(r"\bchance\b(?! of any)", re.IGNORECASE)  # "the chance of any false verdict" is no level
 SHORTCUT, SHARE = re.compile(r"\bshortcuts?\b", re.IGNORECASE), re.compile(r"\b0\.\d+")
-QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the quoted form tests/test_significance.py checks
+QUOTED = re.compile(r"p\s+=\s+(?:< 0\.001|[\d.]+\d),\s+adjusted\s+")  # the form tests/test_significance.py checks
+PERCENT = re.compile(r"<!-- pct (?P<ids>[^>]*?) -->(?P<figure>.*?)<!-- /pct -->")  # ROW/REFERENCE: mean / mean
 
 # The words that compare rows, by what they claim. A superlative claims the direction against every row it names.
 OBJECT = (r"(?=\s+(?:[\d(+−]|every|each|all|any|its|their|the best|chance|what|both|relative|absolute|sinusoids|T5|"
@@ -54,6 +57,17 @@ DESCRIBED = re.compile(r"no test|not tested|tests? nothing|one seed|n < 3 seeds|
 # What a sentence names when it compares rows: the position modes and the ablations' rows, as the prose names them
 ROWS = re.compile(r"\b(?:relative|absolute|sinusoids?|learned|`both`|`none`|T5|t5|ALiBi|alibi|RoPE|rope|buckets|"
                   r"k = \d+|a\^K|a\^V|per-head|shared tables|edge tables|neither)\b", re.IGNORECASE)
+# Claims that need a test or a table beyond a direction word (unsupported_claims, percent_uncited):
+PERCENT_OF_ROW = re.compile(rf"\d\s?%[^.;]{{0,40}}?\bof\s+(?:the\s+)?{ROWS.pattern}", re.I)  # "72% of sinusoids'"
+NUMBERS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+SUPERLATIVE = re.compile(rf"\b(?:best|worst|highest|lowest)\b(?:\s+\w+){{0,2}}\s+of\s+(?:the\s+|all\s+)?"
+                         rf"(?P<n>{'|'.join(NUMBERS)})\b", re.I)
+GAIN = re.compile(r"\bgains?\s+of\b", re.I)  # "the gain of X over Y": a direction that needs its test
+UNIVERSAL = re.compile(r"\bcannot\b|\bonly\s+\S+\s+differs?\b|\bwhatever\s+k\b|\bevery\s+(?:distance|length|offset)"
+                       r"\b(?!\s+(?:in|from|measured|tested|tried))", re.I)  # a law over what was not all measured
+RECOMMENDS = re.compile(r"\b(?:deploys?|recommend(?:s|ed)?|use it|can be used|safe to|is enough|equivalent|"
+                        r"interchangeable|costs? nothing|at no cost)\b", re.IGNORECASE)
+HEDGED = re.compile(r"detectable|smaller differences|not ruled out|cost not measured", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,26 @@ def comparisons(page: str) -> dict[str, Comparison]:
                 if found.setdefault(key, comparison) != comparison:
                     raise ValueError(f"{key}: two tables print it differently ({found[key]} and {comparison})")
     return found
+
+
+def row_means(page: str) -> dict[str, float]:
+    """{row: its mean sacreBLEU over seeds} over every generated table of the page."""
+    return {row["row"]: float(row["sacreBLEU (mean ± std)"].split()[0])
+            for rows in generated_tables(page) for row in rows}
+
+
+def cite_percentages(text: str, means: dict[str, float]) -> str:
+    """The text with every pct marker's figure written from the page's means: "ROW/REF" gives ROW's mean as a
+    percentage of REF's ("77%"); several ids, comma-separated, are joined by " and "."""
+    def figure(marker: re.Match) -> str:
+        ids = [i.strip() for i in marker.group("ids").split(",")]
+        pairs = [i.split("/") for i in ids]
+        missing = [i for i, pair in zip(ids, pairs) if len(pair) != 2 or not set(pair) <= set(means)]
+        if missing:
+            raise ValueError(f"<!-- pct {marker.group('ids')} -->: no rows {', '.join(missing)} in the page's tables")
+        shown = " and ".join(f"{100 * means[row] / means[reference]:.0f}%" for row, reference in pairs)
+        return f"<!-- pct {marker.group('ids')} -->{shown}<!-- /pct -->"
+    return PERCENT.sub(figure, text)
 
 
 def cite(text: str, computed: dict[str, Comparison]) -> str:
@@ -209,11 +243,10 @@ def uncited(text: str) -> list[str]:
 
 def cite_files(page: Path, files: list[Path]) -> list[Path]:
     """Write every cmp marker of the page and of `files` from the page's tables; the files that changed."""
-    computed = comparisons(page.read_text(encoding="utf-8"))
-    changed = []
+    computed, means, changed = comparisons(page.read_text("utf-8")), row_means(page.read_text("utf-8")), []
     for path in [page, *files]:
         text = path.read_text(encoding="utf-8")
-        if (cited := cite(text, computed)) != text:
+        if (cited := cite_percentages(cite(text, computed), means)) != text:
             path.write_text(cited, encoding="utf-8")
             changed.append(path)
     return changed
@@ -225,3 +258,43 @@ def chance_uncited(text: str) -> list[str]:
     def states(sentence: str) -> bool:
         return bool(CHANCE_LEVEL.search(sentence) or (SHORTCUT.search(sentence) and SHARE.search(sentence)))
     return [s for s in sentences(text) if states(s) and not CHANCE.search(s)]
+
+
+def plain_words(sentence: str) -> str:  # a sentence less its inline code, markers and link targets
+    return re.sub(r"`[^`]*`|<!--.*?-->|\]\([^)]*\)", " ", sentence)
+
+
+def percent_uncited(text: str) -> list[str]:
+    """The sentences that give one row as a percentage of another ("77% of sinusoids' score") outside a pct marker:
+    a percentage of a row is computed from the table (cite_percentages), never written."""
+    return [s for s in sentences(text) if PERCENT_OF_ROW.search(plain_words(PERCENT.sub(" ", s)))]
+
+
+def unsupported_claims(text: str, computed: dict[str, Comparison]) -> list[str]:
+    """Claims that need a test or a table, as "KIND: SENTENCE" (none where the sentence describes untested means or
+    single runs): "superlative" ("the worst of the four": comparisons against N - 1 references, each that way),
+    "gain" ("the gain of X over Y": a "higher" verdict), "universal" ("cannot", "only X differs", "every distance",
+    "whatever k": cites what measured it), "recommendation" (every citation a null, and a recommendation on it that
+    does not say what the null leaves open)."""
+    found = []
+    for sentence in sentences(text):
+        plain = plain_words(sentence)
+        if DESCRIBED.search(plain) or MEANS.search(plain):
+            continue
+        cited = [computed[i.strip()] for m in CITATION.finditer(sentence) for i in m.group("ids").split(",")
+                 if i.strip() in computed]
+        references = {i.strip().split("/")[1].split(".")[-1] for m in CITATION.finditer(sentence)
+                      for i in m.group("ids").split(",") if "/" in i}
+        if (most := SUPERLATIVE.search(plain)) and ROWS.search(plain):
+            direction = "higher" if re.match(r"best|highest", most.group(0), re.IGNORECASE) else "lower"
+            if len(references) < NUMBERS[most.group("n").lower()] - 1 or any(
+                    c.direction() != direction for c in cited):
+                found.append(f"superlative: {sentence}")
+        if GAIN.search(plain) and ROWS.search(plain) and not any(c.direction() == "higher" for c in cited):
+            found.append(f"gain: {sentence}")
+        if UNIVERSAL.search(plain) and ROWS.search(plain) and not (cited or CHANCE.search(sentence)):
+            found.append(f"universal: {sentence}")
+        if cited and all(c.direction() == "null" for c in cited) and RECOMMENDS.search(plain) and not \
+                HEDGED.search(plain):
+            found.append(f"recommendation: {sentence}")
+    return found

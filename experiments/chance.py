@@ -1,30 +1,77 @@
-"""The page's chance levels written again: every chance marker (nmt/lab/claims.py CHANCE) gets the shortcut share it
-names (experiments/shortcuts.py) on its task's evaluation batch of seed 1.
+"""The page's chance levels written again: every chance marker (nmt/lab/claims.py CHANCE) gets the population value
+of the shortcut share it names (experiments/shortcuts.py), weighted as its task's accuracy is.
+
+A study's evaluation batch is a sample; the best of many shortcuts on it is the maximum of sampling noise, above the
+value the task has. The population value is the share on a sample POPULATION times the evaluation's size, drawn
+apart from every study's, weighted as the study weights its answers: the offset task's accuracy is the mean over d
+of each distance's accuracy, so each d weighs 1/24 whatever its count of answers; the repeat and marker tasks'
+accuracy is pooled over answers, so each answer weighs alike.
 
     python -m experiments.chance --cite results/README.md README.md
 """
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from nmt.lab.claims import CHANCE
 
-from experiments.edge_values import marker_shortcuts
-from experiments.extrapolate import shortcuts
+from experiments.edge_values import LENGTH, marker_batch
+from experiments.extrapolate import PER_DISTANCE, REPEAT_EVAL, repeat_batch, repeat_symbols
+from experiments.reach import MAX_DISTANCE, batch, offset_symbols
+from experiments.shortcuts import shortcut_shares
+
+POPULATION = 8  # times a study's evaluation sample: the share's sampling error under 0.001
+SEED = 50_000  # the population's generator: no study draws from it
+
+
+@functools.cache
+def population_shares(task: str, length: int, beyond: int | None = None) -> dict:
+    """The shortcut shares of `task` at `length` (the marker task: its one length) as population values: every shortcut
+    that picks the best of many (an offset, a position, the commonest answer per key) picks on one sample and is
+    measured on another, each POPULATION times the study's evaluation sample, weighted as the task's accuracy is (this
+    module's docstring); the offset task's include the commonest symbol among the MAX_DISTANCE places to the left
+    ("mode_window": a content-blind bias spread over the task's distances)."""
+    generator = torch.Generator().manual_seed(SEED)
+    if task == "marker":
+        return marker_population(generator)
+    if task == "repeat":
+        def shares(chosen=None):
+            tokens, targets = repeat_batch(REPEAT_EVAL * POPULATION, generator, length)
+            return shortcut_shares(repeat_symbols(tokens), targets, beyond=beyond, chosen=chosen)
+    else:
+        def shares(chosen=None):
+            parts = [batch(PER_DISTANCE * POPULATION, generator, d, length) for d in range(1, MAX_DISTANCE + 1)]
+            tokens, targets = torch.cat([t for t, _ in parts]), torch.cat([a for _, a in parts])
+            answers = torch.cat([(a >= 0).sum().double().expand(len(a)) for _, a in parts])[:, None]  # each d's
+            return shortcut_shares(offset_symbols(tokens), targets, beyond=beyond, window=MAX_DISTANCE,
+                                   weights=(1.0 / answers).expand_as(targets), chosen=chosen)
+    return shares(chosen=shares())
+
+
+def marker_population(generator: torch.Generator) -> dict:
+    """experiments/edge_values.py marker_shortcuts' rules (the commonest answer for each value of what a rule reads)
+    with each value's commonest answer picked on one sample and measured on another."""
+    picked, (tokens, target) = marker_batch(2048 * POPULATION, generator), marker_batch(2048 * POPULATION, generator)
+    found = {}
+    for rule, key in {"constant": lambda t: torch.zeros_like(t), "position": lambda t: torch.arange(LENGTH).expand_as(t),
+                      "content": lambda t: t}.items():
+        keys, answers = key(picked[0]).flatten(), picked[1].flatten()
+        commonest = {int(k): int(torch.bincount(answers[keys == k]).argmax()) for k in keys.unique()}
+        guess = torch.tensor([commonest.get(int(k), -1) for k in key(tokens).flatten()])
+        found[rule] = float((guess == target.flatten()).double().mean())
+    return {**found, "best": max(found.values())}
 
 
 def cite_chance(text: str) -> str:
-    """The text with every chance marker's figure (nmt/lab/claims.py CHANCE) computed again: the shortcut share it names
-    on its task's evaluation batch of seed 1 (experiments/extrapolate.py shortcuts; the marker task's,
-    experiments/edge_values.py marker_shortcuts, at its one length, 16)."""
-    computed: dict[tuple, dict] = {}
-
+    """The text with every chance marker's figure (nmt/lab/claims.py CHANCE) computed again: the population value of
+    the shortcut share it names (population_shares)."""
     def figure(marker) -> str:
         share, _, beyond = marker.group("share").partition("@")
-        key = (marker.group("task"), int(marker.group("length")), int(beyond) if beyond else None)
-        if key not in computed:
-            computed[key] = (marker_shortcuts(seed=1) if key[0] == "marker"
-                             else shortcuts(key[0], key[1], seed=1, beyond=key[2]))
-        return marker.group(0).replace(f"-->{marker.group('figure')}<!--", f"-->{computed[key][share]:.3f}<!--", 1)
+        shares = population_shares(marker.group("task"), int(marker.group("length")), int(beyond) if beyond else None)
+        return marker.group(0).replace(f"-->{marker.group('figure')}<!--", f"-->{shares[share]:.3f}<!--", 1)
     return CHANCE.sub(figure, text)
 
 

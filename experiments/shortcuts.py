@@ -19,31 +19,38 @@ import torch
 
 
 def shortcut_shares(symbols: torch.Tensor, targets: torch.Tensor, max_offset: int | None = None,
-                    beyond: int | None = None) -> dict:
+                    beyond: int | None = None, window: int | None = None, weights: torch.Tensor | None = None,
+                    chosen: dict | None = None) -> dict:
     """symbols (n, length): the answer value each token carries (what a head reading that token could copy);
     targets (n, length): the answers, -100 where there is none. Returns {"offset": best share of targets equal to
     the symbol at j + o over every fixed o with 0 < |o| <= max_offset (default: length - 1), "best_offset": that o,
     "position": best share equal to the symbol at one fixed position p, "best_position": that p, "mode": share equal
     to the row's most frequent symbol, "after_previous": share equal to the symbol after the previous occurrence of
     the symbol at j, and with `beyond`, "mode_beyond": share equal to the most frequent symbol at positions <= j -
-    beyond; "best": the highest share}. A position or offset past the sequence's ends holds no answer; ties go to
-    the smallest symbol."""
+    beyond; with `window`, "mode_window": share equal to the most frequent symbol among the `window` places left of j
+    (what a content-blind bias that spreads a head over them reads); "best": the highest share}. A position or offset
+    past the sequence's ends holds no answer; ties go to the smallest symbol. `weights` (n, length): each target's
+    weight in every share (default: alike), so a share can be weighted as a study's accuracy is. `chosen`: the
+    "best_offset" and "best_position" picked on another sample, whose shares this batch measures (the best of many
+    on the batch that picks it is biased up by its sampling noise)."""
     n, length = symbols.shape
     max_offset = length - 1 if max_offset is None else max_offset
     keep = targets >= 0
-    total = int(keep.sum())
+    weight = (torch.ones(n, length, dtype=torch.float64) if weights is None else weights.double()) * keep
+    total = float(weight.sum())
     positions = torch.arange(length)
 
     def share(source: torch.Tensor) -> float:  # source (length,) or (n, length): where to read each target
         inside = (source >= 0) & (source < length)
         read = symbols.gather(1, source.clamp(0, length - 1).expand(n, length))
-        return int((keep & inside & (read == targets)).sum()) / total
+        return float((weight * (inside & (read == targets))).sum()) / total
 
     def right(guess: torch.Tensor) -> float:  # guess (n, length): a predicted answer per place, -1 for none
-        return int((keep & (guess == targets)).sum()) / total
+        return float((weight * (guess == targets)).sum()) / total
 
-    offsets = {o: share(positions + o) for o in range(-max_offset, max_offset + 1) if o}
-    fixed = {p: share(torch.full((length,), p)) for p in range(length)}
+    offsets = {o: share(positions + o) for o in ([chosen["best_offset"]] if chosen else
+                                                 range(-max_offset, max_offset + 1)) if o}
+    fixed = {p: share(torch.full((length,), p)) for p in ([chosen["best_position"]] if chosen else range(length))}
     best_offset, best_position = max(offsets, key=offsets.get), max(fixed, key=fixed.get)
     found = {"offset": offsets[best_offset], "best_offset": best_offset,
              "position": fixed[best_position], "best_position": best_position}
@@ -52,6 +59,11 @@ def shortcut_shares(symbols: torch.Tensor, targets: torch.Tensor, max_offset: in
     if beyond is not None:  # the commonest symbol at j - beyond or further left; none where there is no such place
         seen = torch.cat([torch.zeros_like(counts[:, :beyond]), counts[:, :length - beyond]], 1)
         found["mode_beyond"] = right(torch.where(seen.sum(-1) > 0, seen.argmax(-1), -1))
+    if window is not None:  # the commonest symbol among places j - window .. j - 1
+        before = torch.cat([torch.zeros_like(counts[:, :1]), counts[:, :-1]], 1)  # counts up to j - 1
+        start = torch.cat([torch.zeros_like(counts[:, :window + 1]), counts[:, :length - window - 1]], 1)[:, :length]
+        seen = before - start  # counts over j - window .. j - 1
+        found["mode_window"] = right(torch.where(seen.sum(-1) > 0, seen.argmax(-1), -1))
     last = torch.full_like(symbols, -1)  # the previous occurrence's place of the symbol at j, -1 for none
     seen = torch.full((n, int(symbols.max()) + 1), -1)  # each symbol's latest place so far: O(n x symbols) memory
     for j in range(length):
@@ -60,5 +72,6 @@ def shortcut_shares(symbols: torch.Tensor, targets: torch.Tensor, max_offset: in
         seen.scatter_(1, here, j)
     after = symbols.gather(1, (last + 1).clamp(0, length - 1))
     found["after_previous"] = right(torch.where((last >= 0) & (last + 1 < length), after, -1))
-    found["best"] = max(found[k] for k in ("offset", "position", "mode", "mode_beyond", "after_previous") if k in found)
+    found["best"] = max(found[k] for k in ("offset", "position", "mode", "mode_beyond", "mode_window", "after_previous")
+                        if k in found)
     return found

@@ -101,3 +101,42 @@ def test_the_marker_tasks_shortcuts_are_chance_and_a_model_without_offsets_stays
             assert run["score"] <= shares["best"] + 0.01, path.name
         else:
             assert run["score"] > 2 * shares["best"], path.name
+
+
+def test_the_window_shortcut_is_the_commonest_symbol_of_the_places_to_the_left():
+    """mode_window: what a content-blind bias spread over the `window` places left of j reads, against a literal
+    count at every place."""
+    generator = torch.Generator().manual_seed(0)
+    symbols, targets = torch.randint(0, 5, (7, 30), generator=generator), torch.randint(0, 5, (7, 30), generator=generator)
+    right = 0
+    for i in range(7):
+        for j in range(1, 30):
+            right += int(torch.bincount(symbols[i, max(0, j - 6):j], minlength=5).argmax()) == int(targets[i, j])
+    assert shortcut_shares(symbols, targets, window=6)["mode_window"] == pytest.approx(right / (7 * 30))
+
+
+def test_a_weighted_share_is_the_mean_of_each_distances_share():
+    """The offset task's accuracy is a mean over d: weights of 1 / (answers of its d) give each d's share alike."""
+    generator = torch.Generator().manual_seed(1)
+    parts = [batch(64, generator, d, 40) for d in (1, 20)]
+    tokens, targets = torch.cat([t for t, _ in parts]), torch.cat([a for _, a in parts])
+    answers = torch.cat([(a >= 0).sum().double().expand(len(a)) for _, a in parts])[:, None]
+    weighted = shortcut_shares(offset_symbols(tokens), targets, weights=(1 / answers).expand_as(targets))
+    each = [shortcut_shares(offset_symbols(t), a, chosen={"best_offset": -1, "best_position": 0}) for t, a in parts]
+    chosen = shortcut_shares(offset_symbols(tokens), targets, weights=(1 / answers).expand_as(targets),
+                             chosen={"best_offset": -1, "best_position": 0})
+    assert chosen["offset"] == pytest.approx(sum(e["offset"] for e in each) / 2)  # d = 1 all right, d = 20 chance
+    assert chosen["mode"] == pytest.approx(sum(e["mode"] for e in each) / 2)
+    assert weighted["offset"] >= chosen["offset"] > 0.5
+
+
+def test_population_chance_levels_are_the_tasks_own():
+    """The repeat task's fixed offset and the marker task's position answer one of N/2 - 1 successors and one of 16
+    answers by chance; picked on one sample and measured on another, their shares are those, not the maximum of a
+    sample's noise (the evaluation batch of seed 1 gave 0.056 and 0.070)."""
+    from experiments.chance import population_shares
+
+    repeat = population_shares("repeat", 40)
+    assert repeat["offset"] == pytest.approx(1 / 19, abs=0.002) and repeat["position"] == pytest.approx(1 / 19, abs=0.002)
+    marker = population_shares("marker", 16)
+    assert marker["position"] == pytest.approx(1 / 16, abs=0.004) and marker["constant"] == pytest.approx(1 / 16, abs=0.004)

@@ -26,8 +26,8 @@ A chance level on a synthetic task is the shortcut check's figure (experiments/s
 states one (`chance_uncited`) cites it with `<!-- chance TASK LENGTH SHARE -->FIGURE<!-- /chance -->`, TASK
 `offset` or `repeat` (experiments/extrapolate.py's tasks, whose copy task reach.py shares) or `marker`
 (experiments/edge_values.py), SHARE a key of `shortcut_shares` ("best", "offset", "mode", ...; "best@3": with the
-commonest symbol 3 or more places to the left) or of `marker_shortcuts`, FIGURE its value on the evaluation batch
-of seed 1, written by `python -m experiments.chance --cite FILE ...` (experiments depend on nmt, never the reverse).
+commonest symbol 3 or more places to the left) or of `marker_shortcuts`, FIGURE its population value (weighted as
+the accuracy is), written by `python -m experiments.chance --cite FILE ...` (experiments depend on nmt, never back).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from experiments.extrapolate import PER_DISTANCE, REPEAT_EVAL, repeat_batch, rep
 from experiments.reach import MAX_DISTANCE, batch, offset_symbols
 from experiments.shortcuts import shortcut_shares
 
-POPULATION = 8  # times a study's evaluation sample: the share's sampling error under 0.001
+POPULATION = 4  # times a study's evaluation sample: the share's sampling error about 0.001
 SEED = 50_000  # the population's generator: no study draws from it
 
 
@@ -34,21 +34,29 @@ def population_shares(task: str, length: int, beyond: int | None = None) -> dict
     measured on another, each POPULATION times the study's evaluation sample, weighted as the task's accuracy is (this
     module's docstring); the offset task's include the commonest symbol among the MAX_DISTANCE places to the left
     ("mode_window": a content-blind bias spread over the task's distances)."""
-    generator = torch.Generator().manual_seed(SEED)
     if task == "marker":
-        return marker_population(generator)
-    if task == "repeat":
-        def shares(chosen=None):
+        return marker_population(torch.Generator().manual_seed(SEED))
+    chosen, (symbols, targets, weights) = picked_and_measured(task, length)
+    return shortcut_shares(symbols, targets, beyond=beyond, window=MAX_DISTANCE if task == "offset" else None,
+                           weights=weights, chosen=chosen)
+
+
+@functools.cache
+def picked_and_measured(task: str, length: int) -> tuple[dict, tuple]:
+    """The offset and position the selection sample picks, and the measuring sample (symbols, targets, weights)."""
+    generator = torch.Generator().manual_seed(SEED)
+
+    def sample() -> tuple:
+        if task == "repeat":
             tokens, targets = repeat_batch(REPEAT_EVAL * POPULATION, generator, length)
-            return shortcut_shares(repeat_symbols(tokens), targets, beyond=beyond, chosen=chosen)
-    else:
-        def shares(chosen=None):
-            parts = [batch(PER_DISTANCE * POPULATION, generator, d, length) for d in range(1, MAX_DISTANCE + 1)]
-            tokens, targets = torch.cat([t for t, _ in parts]), torch.cat([a for _, a in parts])
-            answers = torch.cat([(a >= 0).sum().double().expand(len(a)) for _, a in parts])[:, None]  # each d's
-            return shortcut_shares(offset_symbols(tokens), targets, beyond=beyond, window=MAX_DISTANCE,
-                                   weights=(1.0 / answers).expand_as(targets), chosen=chosen)
-    return shares(chosen=shares())
+            return repeat_symbols(tokens), targets, None
+        parts = [batch(PER_DISTANCE * POPULATION, generator, d, length) for d in range(1, MAX_DISTANCE + 1)]
+        tokens, targets = torch.cat([t for t, _ in parts]), torch.cat([a for _, a in parts])
+        answers = torch.cat([(a >= 0).sum().double().expand(len(a)) for _, a in parts])[:, None]  # each d's count
+        return offset_symbols(tokens), targets, (1.0 / answers).expand_as(targets)
+    symbols, targets, weights = sample()
+    shares = shortcut_shares(symbols, targets, weights=weights)
+    return {key: shares[key] for key in ("best_offset", "best_position")}, sample()
 
 
 def marker_population(generator: torch.Generator) -> dict:

@@ -18,7 +18,7 @@ import torch
 
 from nmt.lab.claims import CHANCE
 
-from experiments.edge_values import LENGTH, marker_batch
+from experiments.edge_values import MARKER_RULES, marker_batch
 from experiments.extrapolate import PER_DISTANCE, REPEAT_EVAL, repeat_batch, repeat_symbols
 from experiments.reach import MAX_DISTANCE, batch, offset_symbols
 from experiments.shortcuts import shortcut_shares
@@ -60,16 +60,16 @@ def picked_and_measured(task: str, length: int) -> tuple[dict, tuple]:
 
 
 def marker_population(generator: torch.Generator) -> dict:
-    """experiments/edge_values.py marker_shortcuts' rules (the commonest answer for each value of what a rule reads)
-    with each value's commonest answer picked on one sample and measured on another."""
-    picked, (tokens, target) = marker_batch(2048 * POPULATION, generator), marker_batch(2048 * POPULATION, generator)
+    """experiments/edge_values.py's MARKER_RULES (the commonest answer for each value of what a rule reads) with each
+    value's commonest answer picked on one sample and measured on another."""
+    (picked, answers), (tokens, target) = (marker_batch(2048 * POPULATION, generator) for _ in range(2))
     found = {}
-    for rule, key in {"constant": lambda t: torch.zeros_like(t), "position": lambda t: torch.arange(LENGTH).expand_as(t),
-                      "content": lambda t: t}.items():
-        keys, answers = key(picked[0]).flatten(), picked[1].flatten()
-        commonest = {int(k): int(torch.bincount(answers[keys == k]).argmax()) for k in keys.unique()}
-        guess = torch.tensor([commonest.get(int(k), -1) for k in key(tokens).flatten()])
-        found[rule] = float((guess == target.flatten()).double().mean())
+    for rule, read in MARKER_RULES.items():
+        keys, measured = read(picked), read(tokens)
+        commonest = torch.full((int(max(keys.max(), measured.max())) + 1,), -1)
+        for k in keys.unique():
+            commonest[k] = torch.bincount(answers[keys == k]).argmax()
+        found[rule] = float((commonest[measured] == target).double().mean())
     return {**found, "best": max(found.values())}
 
 

@@ -75,18 +75,22 @@ def score(model: Tagger, task: str, seed: int) -> float:
         return float((model(tokens).argmax(-1) == target).float().mean())
 
 
-def marker_shortcuts(seed: int, rows: int = 2048) -> dict:
+# What each of the marker task's shortcut rules reads of a place: nothing, the place i, or the token there
+MARKER_RULES = {"constant": torch.zeros_like, "position": lambda tokens: torch.arange(LENGTH).expand_as(tokens),
+                "content": lambda tokens: tokens}
+
+
+def marker_shortcuts(seed: int) -> dict:
     """The marker task's shortcut check on score()'s evaluation batch of `seed`: the accuracy of answering each
-    place with the commonest answer among the places that share what a rule reads: "constant" (nothing),
-    "position" (the place i; the marker is anywhere, so positions alone give about 1/16), "content" (the token:
-    the marker itself answers 0, any other symbol says nothing of where the marker is); "best", the highest. A
-    model beats these only by reading offsets."""
-    tokens, target = marker_batch(rows, torch.Generator().manual_seed(30_000 + seed))
+    place with the commonest answer among the places that share what a rule reads (MARKER_RULES): "constant"
+    (nothing), "position" (the place i; the marker is anywhere, so positions alone give about 1/16), "content" (the
+    token: the marker itself answers 0, any other symbol says nothing of where the marker is); "best", the highest.
+    A model beats these only by reading offsets."""
+    tokens, target = marker_batch(2048, torch.Generator().manual_seed(30_000 + seed))
 
     def commonest_by(key: torch.Tensor) -> float:
         return sum(int(torch.bincount(target[key == k]).max()) for k in key.unique()) / target.numel()
-    found = {"constant": commonest_by(torch.zeros_like(target)),
-             "position": commonest_by(torch.arange(LENGTH).expand_as(target)), "content": commonest_by(tokens)}
+    found = {rule: commonest_by(read(tokens)) for rule, read in MARKER_RULES.items()}
     return {**found, "best": max(found.values())}
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import re
+import sys
 from pathlib import Path
 
 MULTI30K = Path(__file__).resolve().parent.parent / "data" / "multi30k"
@@ -30,14 +31,18 @@ def read(split: str, lang: str) -> list[str]:
 
 def write_slice(word: str, output: Path, src: str = "en", tgt: str = "de") -> dict[str, int]:
     """Each split's pairs whose source mentions `word`, written as OUTPUT/<split>.<lang>; returns their counts."""
-    output.mkdir(parents=True, exist_ok=True)
-    pattern, counts = mentions(word), {}
+    pattern, files = mentions(word), {}
     for split in SPLITS:
         pairs = [(s, t) for s, t in zip(read(split, src), read(split, tgt), strict=True) if pattern.search(s)]
         for lang, side in ((src, [s for s, _ in pairs]), (tgt, [t for _, t in pairs])):
-            (output / f"{split}.{lang}").write_text("".join(line + "\n" for line in side), encoding="utf-8")
-        counts[split] = len(pairs)
-    return counts
+            files[output / f"{split}.{lang}"] = "".join(line + "\n" for line in side)
+    # outputs never destroy inputs: a file of that name holding other text is someone's corpus
+    if other := [str(path) for path, text in files.items() if path.exists() and path.read_text("utf-8") != text]:
+        raise FileExistsError(f"{other[0]} exists and holds other text: choose another --output (nothing was written)")
+    output.mkdir(parents=True, exist_ok=True)
+    for path, text in files.items():
+        path.write_text(text, encoding="utf-8")
+    return {split: files[output / f"{split}.{src}"].count("\n") for split in SPLITS}
 
 
 def main() -> None:
@@ -45,7 +50,11 @@ def main() -> None:
     parser.add_argument("--word", required=True, help="the word the English side must hold (e.g. dog)")
     parser.add_argument("--output", type=Path, required=True, help="the corpus folder to write")
     args = parser.parse_args()
-    counts = write_slice(args.word, args.output)
+    try:
+        counts = write_slice(args.word, args.output)
+    except FileExistsError as refused:
+        print(f"domain_slice: {refused}", file=sys.stderr)  # a bad input: one line, exit 2, as every command here
+        sys.exit(2)
     print(f"{args.output}: " + ", ".join(f"{split} {n:,} pairs" for split, n in counts.items()))
 
 

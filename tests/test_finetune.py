@@ -187,3 +187,14 @@ def test_the_examples_in_domain_slice_keeps_the_pairs_that_mention_the_word(tmp_
         mentioned = [(s, t) for s, t in zip(read(split, "en"), read(split, "de"))
                      if re.search(r"\bdogs?\b", s, re.IGNORECASE)]
         assert list(zip(en, de)) == mentioned  # every such pair, in order, each line beside its own translation
+
+
+def test_the_slice_never_writes_over_another_corpus(tmp_path):
+    from experiments.domain_slice import write_slice
+
+    (tmp_path / "train.en").write_text("a user's own line\n")
+    with pytest.raises(FileExistsError, match="train.en exists and holds other text"):
+        write_slice("dog", tmp_path)
+    assert (tmp_path / "train.en").read_text() == "a user's own line\n" and not (tmp_path / "train.de").exists()
+    (tmp_path / "train.en").unlink()
+    assert write_slice("dog", tmp_path) == write_slice("dog", tmp_path)  # the same slice again: rewritten alike

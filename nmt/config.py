@@ -8,7 +8,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
-from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, bucket_rule
+from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, Stop, bucket_rule
 from nmt.roles import defines, extends, places, scores
 
 
@@ -219,7 +219,9 @@ class SearchConfig:
     """How sentences are decoded: nmt.translate's options, validation BLEU's (beam 1) and the experiments'."""
 
     beam: int = 4  # 1 = greedy
-    alpha: float = 0.6  # GNMT length penalty exponent
+    alpha: float = 0.6  # GNMT length penalty exponent (stop=finished: the exponent of |Y|^alpha instead)
+    stop: Stop = Stop.exact  # exact: the best under GNMT's penalty (the paper's); finished: CTranslate2's and fairseq's
+    patience: float = 1.0  # stop=finished: a sentence ends once round(beam x patience) hypotheses have ended
     max_extra: int = 50  # longest output = source length + max_extra
     min_length: int = 1  # no end of sentence before this many tokens (1: no empty translation of a non-empty line)
     max_tokens: int = 4096  # padded source tokens per batch (each expanded to `beam` hypotheses)
@@ -228,6 +230,11 @@ class SearchConfig:
     def check(self) -> "SearchConfig":
         require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
         require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
+        self.stop = Stop(self.stop)
+        require(self.patience > 0 and round(self.beam * self.patience) >= 1, "patience", self.patience,
+                f"> 0, with round(beam x patience) >= 1 (beam={self.beam})")
+        require(self.patience == 1.0 or self.stop == Stop.finished, "patience", self.patience,
+                "1.0 unless stop=finished (the exact rule has no patience)")
         require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
         require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length,
                 f"in [0, max_extra={self.max_extra}]")
@@ -254,6 +261,8 @@ class DecodeJob(SearchConfig):
         require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
         require(self.threads >= 0, "threads", self.threads, ">= 0 (0: torch's default)")
         require(1 <= self.nbest <= self.beam, "nbest", self.nbest, f"in [1, beam={self.beam}]")
+        require(self.stop == Stop.exact or self.beam == 1 or self.nbest <= round(self.beam * self.patience),
+                "nbest", self.nbest, f"<= round(beam x patience) = {round(self.beam * self.patience)} with stop=finished")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self
 

@@ -45,6 +45,15 @@ class Precision(str, Enum):
     fp16 = "fp16"
 
 
+class Stop(str, Enum):
+    """When beam search ends a sentence, and how it ranks hypotheses of different lengths (nmt/decoding/search.py)."""
+
+    exact = "exact"  # tensor2tensor's bound, the paper's: once no live beam can still win under GNMT's penalty
+    # ((5 + |Y|) / 6)^alpha at the longest allowed output; the search's exact best under that penalty
+    finished = "finished"  # fairseq's and CTranslate2's: once round(beam x patience) hypotheses have ended, ranked
+    # by log p(Y|X) / |Y|^alpha (|Y| counts the end of sentence); fewer steps, and a live beam might have won
+
+
 class Attention(str, Enum):
     """Which implementation runs relative self-attention (nmt/kernels/dispatch.py); RELNMT_ATTENTION stands in
     for auto when set."""

@@ -1,5 +1,5 @@
-"""nmt.export: every mode CTranslate2 can hold translates token for token as relnmt does (greedy, and beam 4 at
-alpha 0, where the two searches are the same); the others are refused in one line; nmt.translate runs the export."""
+"""nmt.export: every mode CTranslate2 can hold translates token for token as relnmt does (greedy, beam 4 at
+alpha 0, where the two searches are the same, and beam 4 at alpha 0.6 under relnmt's stop=finished); the others are refused in one line; nmt.translate runs the export."""
 
 import os
 import subprocess
@@ -11,7 +11,7 @@ import torch
 from nmt.config import ModelConfig, OptimConfig, SearchConfig, TrainConfig, TrainJob
 from nmt.decoding.decode import ExportedModel, encode_lines, load_translator, translate_ids
 from nmt.export import export, refusal
-from nmt.modes import Position
+from nmt.modes import Position, Stop
 from nmt.train import run
 from tests.conftest import ROOT, micro_config, multi30k_lines
 
@@ -57,6 +57,12 @@ def test_an_export_translates_token_for_token_as_relnmt(prepared, sentences, tmp
     ended = [i for i, row in enumerate(ours) if len(row) < len(ids[i]) + beam.max_extra]
     assert all(ours[i] == theirs[i] for i in ended), [i for i in ended if ours[i] != theirs[i]]
     assert len(ended) >= 20
+    if name == "relative":  # at alpha 0.6 relnmt's stop=finished is CTranslate2's own search
+        finished = SearchConfig(beam=4, alpha=0.6, max_extra=20, stop=Stop.finished)
+        ours, theirs = translate_ids(model, ids, finished, torch.device("cpu")), translate_ids(exported, ids, finished,
+                                                                                              None)
+        ended = [i for i, row in enumerate(ours) if len(row) < len(ids[i]) + finished.max_extra]
+        assert len(ended) >= 20 and all(ours[i] == theirs[i] for i in ended), [i for i in ended if ours[i] != theirs[i]]
 
 
 @pytest.mark.parametrize("cfg,why", [

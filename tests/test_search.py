@@ -7,7 +7,7 @@ import torch
 from nmt.decoding.search import Uncached, beam_search, beam_search_nbest, greedy, length_penalty
 from nmt.modeling.transformer import BOS, EOS, PAD, Transformer
 from nmt.modeling.positions import NO_POSITIONS
-from nmt.modes import Position
+from nmt.modes import Position, Stop
 from tests.conftest import micro_config
 
 A, B_ = 4, 5  # two real tokens of the scripted model's vocabulary (0-3 are PAD, UNK, BOS, EOS)
@@ -48,7 +48,7 @@ SRC = torch.tensor([[7, 8, EOS]])
 
 
 def test_length_penalty_values():
-    assert length_penalty(1, 0.6) == 1.0
+    assert length_penalty(1, 0.6) == 1.0 and length_penalty(7, 0.6, Stop.finished) == pytest.approx(7**0.6)
     assert length_penalty(7, 0.6) == pytest.approx(2**0.6)
     assert length_penalty(25, 1.0) == pytest.approx(5.0)
     assert length_penalty(13, 0.0) == 1.0
@@ -73,6 +73,33 @@ def test_scripted_beam_search_length_penalty_flips_the_choice():
     hyp, = beam_search(ScriptedModel(SCRIPT, LATER), SRC, beam=2, alpha=0.6)
     assert hyp.tokens == [A]
     assert hyp.score == pytest.approx((math.log(0.39) + math.log(0.99)) / (7 / 6) ** 0.6)
+
+
+class Counted(ScriptedModel):
+    steps = 0
+
+    def decode(self, tokens, prefix):
+        self.steps += 1
+        return super().decode(tokens, prefix)
+
+
+# A long hypothesis wins under |Y|^alpha, but only a search that goes on after two have ended finds it:
+# step 1: [] ends (0.30), A and B live on; step 2: B EOS ends (0.135), A A lives on (0.45); step 3: A A EOS (0.4365)
+PATIENT = {(0, BOS): probs(eos=0.30, a=0.50, b=0.15), (1, A): probs(eos=0.05, a=0.90, b=0.04),
+           (1, B_): probs(eos=0.90, a=0.05, b=0.04)}
+
+
+def test_stop_finished_ends_once_beam_times_patience_hypotheses_have():
+    """fairseq's and CTranslate2's rule (src/decoding.cc: `result.hypotheses.size() >= _max_candidates`), scored by
+    log p / |Y|^alpha with EOS counted: two ended at step 2, so beam 2 stops there with [B]; the exact rule goes on
+    to [A, A]; patience 2 waits for four, [A, A] among them."""
+    model = Counted(PATIENT, LATER)
+    hyp, = beam_search(model, SRC, beam=2, alpha=1.0, min_length=0, stop=Stop.finished)
+    assert model.steps == 2 and hyp.tokens == [B_] and hyp.score == pytest.approx(math.log(0.135) / 2)
+    patient = Counted(PATIENT, LATER)
+    hyp, = beam_search(patient, SRC, beam=2, alpha=1.0, min_length=0, stop=Stop.finished, patience=2.0)
+    assert patient.steps == 3 and hyp.tokens == [A, A] and hyp.score == pytest.approx(math.log(0.45 * 0.97) / 3)
+    assert beam_search(ScriptedModel(PATIENT, LATER), SRC, beam=2, alpha=1.0, min_length=0)[0].tokens == [A, A]
 
 
 def test_scripted_beam_finds_what_greedy_misses():
@@ -177,3 +204,15 @@ def test_a_cache_extended_in_place_is_never_changed_by_a_later_step():
         assert second.layers[0].self_kv.k.data_ptr() != first.layers[0].self_kv.k.data_ptr()
         again, _ = model.decode(torch.full((src.shape[0], 1), B_), cache)
         assert torch.equal(again, logits)
+
+
+def test_patience_belongs_to_stop_finished_and_holds_the_nbest_list():
+    from nmt.config import ConfigError, DecodeJob, SearchConfig
+
+    SearchConfig(stop=Stop.finished, patience=1.5).check()
+    with pytest.raises(ConfigError, match=r"^patience=2.0 is invalid: it must be 1.0 unless stop=finished"):
+        SearchConfig(patience=2.0).check()
+    with pytest.raises(ConfigError, match=r"^patience=0.1 is invalid"):
+        SearchConfig(stop=Stop.finished, patience=0.1).check()
+    with pytest.raises(ConfigError, match=r"^nbest=3 is invalid: it must be <= round\(beam x patience\) = 2"):
+        DecodeJob(checkpoint="x", nbest=3, stop=Stop.finished, patience=0.5).check()

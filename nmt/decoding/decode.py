@@ -36,8 +36,9 @@ COMPUTE_TYPES = {Precision.auto: "default", Precision.fp32: "float32", Precision
 class ExportedModel:
     """A CTranslate2 directory written by nmt.export, behind the calls the decoding library makes of a
     Transformer: its config (the input limit) and translate_ids. CTranslate2 batches (max_tokens source tokens)
-    and sorts by length itself; its length penalty is length^alpha, not GNMT's (at alpha = 0 they agree); its
-    length limit is one per call, so a line that reaches the chunk's is cut to its own (greedy: exactly relnmt's)."""
+    and sorts by length itself; its search is always relnmt's stop=finished (length^alpha, not GNMT's penalty: at
+    alpha = 0 the two rules agree), whatever `stop` says; its length limit is one per call, so a line that reaches
+    the chunk's is cut to its own (greedy: exactly relnmt's)."""
 
     def __init__(self, directory: Path, vocab: Vocab, device: torch.device, precision: Precision):
         try:
@@ -60,7 +61,7 @@ class ExportedModel:
             return outputs
         results = self.translator.translate_batch(
             [[self.pieces[t] for t in ids[i]] for i in rows], beam_size=search.beam, length_penalty=search.alpha,
-            max_decoding_length=max(len(ids[i]) for i in rows) + search.max_extra,
+            patience=search.patience, max_decoding_length=max(len(ids[i]) for i in rows) + search.max_extra,
             min_decoding_length=search.min_length, max_batch_size=search.max_tokens, batch_type="tokens",
             num_hypotheses=nbest, return_scores=True)
         for i, result in zip(rows, results):  # each line's own limit, as relnmt's (the chunk's longest above)
@@ -162,7 +163,7 @@ def search_ids(model: Transformer | ExportedModel, ids: list[list[int]], search:
             found = [[hyp] for hyp in greedy(model, src, search.max_extra, search.min_length)]
         else:
             found = beam_search_nbest(model, src, search.beam, search.alpha, search.max_extra, search.min_length,
-                                      nbest)
+                                      nbest, search.stop, search.patience)
         for i, hyps in zip(batch, found):
             outputs[i] = hyps
         bar.update(len(batch))

@@ -13,12 +13,14 @@ import torch
 from torch import Tensor
 
 from nmt.config import SearchConfig
+from nmt.modes import Stop
 from nmt.modeling.transformer import BOS, EOS, PAD
 
 
-def length_penalty(length, alpha: float):
-    """GNMT / tensor2tensor: lp(Y) = ((5 + |Y|) / 6) ** alpha (|Y| counts EOS)."""
-    return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length, alpha: float, stop: Stop = Stop.exact):
+    """lp(Y) that a finished hypothesis' log p(Y|X) is divided by (|Y| counts EOS): GNMT's and tensor2tensor's
+    ((5 + |Y|) / 6) ** alpha for the exact rule, fairseq's and CTranslate2's |Y| ** alpha for stop=finished."""
+    return ((5.0 + length) / 6.0) ** alpha if stop == Stop.exact else length**alpha
 
 
 @dataclass
@@ -70,28 +72,36 @@ def greedy(model, src: Tensor, max_extra: int = SearchConfig.max_extra,
 
 
 def beam_search(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
-                max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length) -> list[Hypothesis]:
+                max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length,
+                stop: Stop = SearchConfig.stop, patience: float = SearchConfig.patience) -> list[Hypothesis]:
     """Best hypothesis per sentence under log p(Y|X) / lp(Y) (beam_search_nbest with nbest=1)."""
-    return [hyps[0] for hyps in beam_search_nbest(model, src, beam, alpha, max_extra, min_length)]
+    return [hyps[0] for hyps in beam_search_nbest(model, src, beam, alpha, max_extra, min_length, stop=stop,
+                                                  patience=patience)]
 
 
 @torch.inference_mode()
 def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: float = SearchConfig.alpha,
                       max_extra: int = SearchConfig.max_extra, min_length: int = SearchConfig.min_length,
-                      nbest: int = 1) -> list[list[Hypothesis]]:
+                      nbest: int = 1, stop: Stop = SearchConfig.stop,
+                      patience: float = SearchConfig.patience) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence (nbest <= beam), best first, under log p(Y|X) / lp(Y).
 
     Each step ranks the 2K best extensions of the K live beams; an EOS among the first K finishes a
-    hypothesis, the K best non-EOS extensions live on. A sentence is done when its best finished
-    score cannot be beaten by any live beam (log-probabilities only fall, so a live beam's best
-    possible score is its log-probability divided by the penalty at the maximum length; with nbest > 1: its
-    nbest-th best finished score, so the list is the search's exact n best), and then leaves
-    the batch (OpenNMT-py's remove_finished_batches): the steps after it cost only the sentences still going.
-    The source side is computed once per sentence; its K hypotheses share it (nmt.modeling.transformer.DecoderCache).
+    hypothesis, the K best non-EOS extensions live on. When a sentence is done is `stop`'s rule:
+    - exact (the paper's, tensor2tensor's): when its best finished score cannot be beaten by any live beam
+      (log-probabilities only fall, so a live beam's best possible score is its log-probability divided by the
+      penalty at the maximum length; with nbest > 1: its nbest-th best finished score, so the list is the search's
+      exact n best);
+    - finished (fairseq's and CTranslate2's, whose src/decoding.cc this follows): once round(K x patience)
+      hypotheses have finished, whatever the live beams could still reach.
+    A sentence done leaves the batch (OpenNMT-py's remove_finished_batches): the steps after it cost only the
+    sentences still going. The source side is computed once per sentence; its K hypotheses share it
+    (nmt.modeling.transformer.DecoderCache).
     """
-    k = beam
+    k, stop = beam, Stop(stop)
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest={nbest} must be in [1, beam={beam}]")
+    enough = max(nbest, round(k * patience))  # stop=finished: the hypotheses a sentence ends with
     limit = max_lengths(src, max_extra)  # (B,)
     cache = model.start(model.encode(src), src)
     active = torch.arange(src.shape[0], device=src.device)  # the sentences still decoded, by their row in src
@@ -99,7 +109,8 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
     tokens = torch.full((src.shape[0], 1), BOS, dtype=torch.long, device=src.device)
     alive = torch.zeros((src.shape[0], 1), device=src.device)  # (n, hypotheses per sentence): 1, then K
     finished: list[list[Hypothesis]] = [[] for _ in range(src.shape[0])]
-    best_finished = torch.full((src.shape[0],), float("-inf"), device=src.device)
+    best_finished = torch.full((src.shape[0],), float("-inf"), device=src.device)  # exact: the score to beat
+    ended = torch.zeros(src.shape[0], dtype=torch.long, device=src.device)  # finished: hypotheses so far
     for t in range(1, int(limit.max()) + 1):
         n, width = alive.shape
         logits, cache = model.decode(tokens[:, -1:], cache)
@@ -113,17 +124,24 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
         scores, ids = log_probs.add_(alive[:, :, None]).view(n, -1).topk(2 * k)  # (n, 2K)
         origin, token = ids // vocab, ids % vocab
         is_eos = token == EOS
-        penalty = length_penalty(t, alpha)
+        penalty = length_penalty(t, alpha, stop)
         for i, j in (is_eos[:, :k] & scores[:, :k].isfinite()).nonzero().tolist():
             b = int(active[i])
             hyp = Hypothesis(tokens[i * width + origin[i, j], 1:].tolist(), float(scores[i, j]) / penalty)
+            if stop == Stop.finished:
+                finished[b].append(hyp)
+                ended[b] += 1
+                continue
             finished[b] = sorted(finished[b] + [hyp], key=lambda h: -h.score)[:k]
             if len(finished[b]) >= nbest:  # the score a live beam must beat to change the n-best list
                 best_finished[b] = finished[b][nbest - 1].score
         alive, pick = scores.masked_fill(is_eos, float("-inf")).topk(k)  # K best live extensions
         rows = torch.arange(n, device=src.device)[:, None] * width + origin.gather(1, pick)  # (n, K): rows continued
-        best_possible = alive.max(1).values / length_penalty(limit[active].float(), alpha)
-        done = at_limit | (best_finished[active] >= best_possible)
+        if stop == Stop.finished:
+            done = at_limit | (ended[active] >= enough)
+        else:
+            best_possible = alive.max(1).values / length_penalty(limit[active].float(), alpha)
+            done = at_limit | (best_finished[active] >= best_possible)
         if done.all():
             break
         keep = None if not done.any() else (~done).nonzero().squeeze(1)
@@ -132,6 +150,8 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
         rows = rows.view(-1)
         tokens = torch.cat([tokens.index_select(0, rows), token.gather(1, pick).view(-1, 1)], 1)
         cache = model.reorder(cache, rows, sentences=keep)
+    if stop == Stop.finished:  # ranked once, at the end (CTranslate2's finalize_result)
+        finished = [sorted(hyps, key=lambda h: -h.score) for hyps in finished]
     return [hyps[:nbest] for hyps in finished]
 
 

@@ -10,8 +10,8 @@ int8 under EXPORTS/, then:
    the others how many reach relnmt's length limit. BLEU (sacrebleu) of beam 4 with each engine's own length
    penalty at alpha 0.6 (relnmt: GNMT's ((5 + |Y|) / 6)^alpha; CTranslate2: |Y|^alpha), float32 and int8; the
    hypotheses are written beside the JSON.
-2. Chunks (relnmt, in one process, greedy, the sentences twice): nmt.translate's chunks sized by time against
-   one chunk of everything (the fixed 5,000-line chunk before): total seconds and when the first lines came out.
+2. Chunks (relnmt, in one process, greedy, the sentences twice): nmt.translate's chunks (8 lines, then sized by
+   source tokens) against one chunk of everything: total seconds and when the first lines came out.
 3. GEMM library (relnmt, in one process, one thread): the linear layers by PyTorch's BLAS (MKL) and by oneDNN
    (nmt.decoding.cpu_linear; the default on x86 CPUs not made by Intel): identical lines and medians of seconds.
 4. Speed: whole `python -m nmt.translate` processes (model load included) per engine (relnmt, float32, int8) x
@@ -82,11 +82,11 @@ def chunking(checkpoint: str, sources: list[str], repeats: int) -> dict:
     cpu = torch.device("cpu")
     model, vocab = load_translator(checkpoint, cpu)
     lines, search, first_chunk = sources * 2, SearchConfig(beam=1), decode.FIRST_CHUNK_LINES
-    runs: dict[str, list[tuple[float, float]]] = {"time-sized chunks": [], "one chunk": []}
+    runs: dict[str, list[tuple[float, float]]] = {"token-sized chunks": [], "one chunk": []}
     try:
         for _ in range(repeats):
             for name in runs:
-                decode.FIRST_CHUNK_LINES = first_chunk if name == "time-sized chunks" else len(lines)
+                decode.FIRST_CHUNK_LINES = first_chunk if name == "token-sized chunks" else len(lines)
                 started, first = time.perf_counter(), None
                 for _chunk in decode.translate_stream(model, vocab, lines, search, cpu, len(lines)):
                     first = first or time.perf_counter() - started
@@ -122,10 +122,11 @@ def gemm_library(checkpoint: str, sources: list[str], repeats: int) -> dict:
 
 
 def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: int,
-          checkouts: dict[str, Path] | None = None) -> dict:
+          checkouts: dict[str, Path] | None = None, searches: dict[str, list[str]] = SEARCHES,
+          skip: frozenset[tuple[str, str]] = frozenset()) -> dict:
     """Whole `python -m nmt.translate` processes, engine x search x threads, interleaved, medians of `repeats`.
     checkouts: the source tree an engine's process runs (default: this one), e.g. an older commit's for a before and
-    after."""
+    after; skip: (engine, search) pairs not run (a search an older tree does not have)."""
     cpu: dict[str, list[float]] = {}  # each process's CPU seconds (user + system): on a shared machine, what
     # its wall time cannot show
 
@@ -141,8 +142,9 @@ def speed(engines: dict[str, str], source: Path, threads: list[int], repeats: in
 
     # interleaved: each engine sees the same machine state
     times = time_interleaved({key: (lambda key=key, name=name, args=args, n=n: translate(key, name, args, n))
-                              for n in threads for search, args in SEARCHES.items() for name in engines
-                              for key in [f"{name} {search} {n}t"]}, repeats, "cpu", warmup=0)
+                              for n in threads for search, args in searches.items() for name in engines
+                              if (name, search) not in skip for key in [f"{name} {search} {n}t"]}, repeats, "cpu",
+                             warmup=0)
     lines = sum(1 for _ in open(source, encoding="utf-8"))
     rows = {key: {"seconds": t, "sentences_per_s": lines / t, "cpu_seconds": statistics.median(cpu[key])}
             for key, t in times.items()}

@@ -230,14 +230,10 @@ class SearchConfig:
     def check(self) -> "SearchConfig":
         require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
         require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
-        self.stop = Stop(self.stop)
-        require(self.patience > 0 and round(self.beam * self.patience) >= 1, "patience", self.patience,
-                f"> 0, with round(beam x patience) >= 1 (beam={self.beam})")
-        require(self.patience == 1.0 or self.stop == Stop.finished, "patience", self.patience,
-                "1.0 unless stop=finished (the exact rule has no patience)")
+        require((self.patience == 1.0 or self.stop == Stop.finished) and round(self.beam * self.patience) >= 1,
+                "patience", self.patience, f"1.0 unless stop=finished, with round(beam={self.beam} x patience) >= 1")
         require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
-        require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length,
-                f"in [0, max_extra={self.max_extra}]")
+        require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length, f"in [0, max_extra={self.max_extra}]")
         require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
         require(self.max_input_tokens >= 1, "max_input_tokens", self.max_input_tokens, ">= 1")
         return self
@@ -260,9 +256,8 @@ class DecodeJob(SearchConfig):
         require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
         require(self.threads >= 0, "threads", self.threads, ">= 0 (0: torch's default)")
-        require(1 <= self.nbest <= self.beam, "nbest", self.nbest, f"in [1, beam={self.beam}]")
-        require(self.stop == Stop.exact or self.beam == 1 or self.nbest <= round(self.beam * self.patience),
-                "nbest", self.nbest, f"<= round(beam x patience) = {round(self.beam * self.patience)} with stop=finished")
+        most = self.beam if self.stop == Stop.exact else min(self.beam, round(self.beam * self.patience))
+        require(1 <= self.nbest <= most, "nbest", self.nbest, f"in [1, {most}] (beam, or round(beam x patience))")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self
 

@@ -169,10 +169,10 @@ def test_the_first_line_comes_before_the_input_ends(checkpoint):
         job.wait()
 
 
-def test_chunks_are_sized_to_a_few_seconds():
-    assert decode.next_chunk_lines(8, 0.01, 5000) == 64  # fast: at most 8 times larger
-    assert decode.next_chunk_lines(1024, 0.3, 5000) == 5000  # up to buffer_lines
-    assert decode.next_chunk_lines(600, decode.CHUNK_SECONDS / 2, 5000) == 1200  # aimed at CHUNK_SECONDS
-    assert decode.next_chunk_lines(64, decode.CHUNK_SECONDS, 5000) == 64
-    assert decode.next_chunk_lines(64, 10 * decode.CHUNK_SECONDS, 5000) == 32  # slow: at least half
-    assert decode.next_chunk_lines(1, 100.0, 5000) == 1
+def test_chunks_after_the_first_are_sized_by_source_tokens():
+    batches = decode.CHUNK_BATCHES * 4096
+    assert decode.next_chunk_lines(8, 8 * 16, 4096, 100_000) == batches // 16  # lines of 16 tokens: that many
+    assert decode.next_chunk_lines(1000, 32_000, 4096, 100_000) == round(batches / 32)
+    assert decode.next_chunk_lines(8, 8 * 16, 4096, 1000) == 1000  # up to buffer_lines
+    assert decode.next_chunk_lines(1, 10**9, 4096, 5000) == 1  # at least one line
+    assert decode.next_chunk_lines(8, 8 * 16, 4096, 1) == 1  # buffer_lines=1: line by line

@@ -103,7 +103,8 @@ def test_translating_a_stream_holds_one_chunk_at_a_time(monkeypatch):
             pulled[0] += 1
             yield f"line {i}"
 
-    monkeypatch.setattr(decode, "translate_lines", lambda model, vocab, lines, *a, **kw: [s.upper() for s in lines])
+    monkeypatch.setattr(decode, "encoded", lambda model, vocab, lines, *a: [list(line) for line in lines])
+    monkeypatch.setattr(decode, "written", lambda model, vocab, ids, *a: ["".join(row).upper() for row in ids])
     ahead = 0
     out = []
     for chunk in decode.translate_stream(None, None, source(), SearchConfig(), None, chunk_lines=300):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from nmt.config import SearchConfig, model_config_from_dict
 from nmt.data.batching import pad_rows
 from nmt.data.vocab import Vocab
 from nmt.decoding.cpu_linear import onednn_preferred, use_onednn
+from nmt.decoding.fused import fuse_self_attention
 from nmt.decoding.search import Hypothesis, beam_search_nbest, greedy
 from nmt.kernels.dispatch import AttentionBackend
 from nmt.modeling.transformer import EOS, Transformer
@@ -92,9 +92,10 @@ def load_translator(checkpoint: str | Path, device: torch.device, backend: Atten
     model = Transformer(model_config_from_dict(state["config"]["model"]), state["model"]["embed.weight"].shape[0],
                         backend)
     model.load_state_dict(state["model"])
-    if device.type == "cpu" and (onednn_preferred() if onednn is None else onednn):
+    onednn = device.type == "cpu" and (onednn_preferred() if onednn is None else onednn)
+    if onednn:
         use_onednn(model)
-    return model.to(device).eval(), vocab
+    return fuse_self_attention(model, onednn).to(device).eval(), vocab
 
 
 def check_exported(directory: Path) -> None:
@@ -172,54 +173,64 @@ def search_ids(model: Transformer | ExportedModel, ids: list[list[int]], search:
     return outputs
 
 
+def encoded(model: Transformer | ExportedModel, vocab: Vocab, lines: list[str], search: SearchConfig,
+            first_line: int = 1) -> list[list[int]]:
+    """`lines` as the search takes them: token ids, each cut to input_limit (a warning names the line)."""
+    return encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens), first_line)
+
+
+def written(model: Transformer | ExportedModel, vocab: Vocab, ids: list[list[int]], search: SearchConfig,
+            device: torch.device, nbest: int = 1, first_line: int = 1, progress: bool = False) -> list[str]:
+    """The translations of `ids`, in their order (sorted by length inside, for batching). nbest > 1: one block per
+    line instead, its `nbest` best translations, best first, one per line as Moses' n-best lists write them,
+    "INDEX ||| TRANSLATION ||| SCORE": INDEX the input line's number from 0 (first_line: the number of ids[0] from
+    1), SCORE the search's (log p(Y|X) / the stopping rule's length penalty for relnmt, CTranslate2's own for an
+    export)."""
+    found = search_ids(model, ids, search, device, progress, nbest)
+    if nbest == 1:
+        return [vocab.decode(hyps[0].tokens) for hyps in found]
+    return ["\n".join(f"{index} ||| {vocab.decode(hyp.tokens)} ||| {hyp.score:.4f}" for hyp in hyps)
+            for index, hyps in enumerate(found, first_line - 1)]
+
+
 def translate_lines(model: Transformer, vocab: Vocab, lines: list[str], search: SearchConfig = SearchConfig(),
                     device: torch.device = torch.device("cpu"), progress: bool = False,
                     first_line: int = 1) -> list[str]:
-    """Translations of `lines`, in their order (sorted by length inside, for batching); first_line: the input line
-    number of lines[0], for the warnings."""
-    ids = encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens), first_line)
-    return [vocab.decode(row) for row in translate_ids(model, ids, search, device, progress)]
+    """Translations of `lines`, in their order; first_line: the input line number of lines[0], for the warnings."""
+    return written(model, vocab, encoded(model, vocab, lines, search, first_line), search, device, 1, first_line,
+                   progress)
 
 
-# Chunks start small and are then sized to take about CHUNK_SECONDS each: the first lines come out within a second
-# whatever the input's length, a killed run keeps what it finished a few seconds before, and a long file still
-# reaches chunks of up to buffer_lines (length-sorted batches: the throughput of big chunks) within a few chunks.
+# The first chunk is small, so that the first lines come out within a second whatever the input's length; the chunks
+# after it are sized by source tokens, CHUNK_BATCHES full batches of max_tokens each at the mean length of the lines
+# so far, up to buffer_lines: whole length-sorted batches, about as one chunk of everything decodes them, and the
+# same chunks (so the same batches and translations) on any machine under any load. A killed run keeps every chunk
+# finished before.
 FIRST_CHUNK_LINES = 8
-CHUNK_SECONDS = 3.0
-MAX_GROWTH = 8  # a chunk at most 8 times the last one (and at least half of it): the first timings are rough
+CHUNK_BATCHES = 8
 
 
-def next_chunk_lines(lines: int, seconds: float, most: int) -> int:
-    """The size of the next chunk after one of `lines` lines took `seconds`: aimed at CHUNK_SECONDS, at most `most`,
-    at least 1."""
-    factor = min(MAX_GROWTH, max(0.5, CHUNK_SECONDS / max(seconds, 1e-6)))
-    return min(most, max(1, round(lines * factor)))
-
-
-def nbest_blocks(model: Transformer, vocab: Vocab, lines: list[str], search: SearchConfig, device: torch.device,
-                 nbest: int, first_line: int = 1) -> list[str]:
-    """One block per line: its `nbest` best translations, best first, one per line as Moses' n-best lists write
-    them, "INDEX ||| TRANSLATION ||| SCORE": INDEX the input line's number from 0, SCORE the search's (log p(Y|X) /
-    GNMT's penalty for relnmt, CTranslate2's own for an export)."""
-    ids = encode_lines(vocab, lines, input_limit(model, search.max_extra, search.max_input_tokens), first_line)
-    return ["\n".join(f"{index} ||| {vocab.decode(hyp.tokens)} ||| {hyp.score:.4f}" for hyp in hyps)
-            for index, hyps in enumerate(search_ids(model, ids, search, device, nbest=nbest), first_line - 1)]
+def next_chunk_lines(lines: int, tokens: int, max_tokens: int, most: int) -> int:
+    """The size of the next chunk after `lines` lines of `tokens` source tokens (EOS included): CHUNK_BATCHES x
+    max_tokens tokens at their mean length, at most `most`, at least 1."""
+    return min(most, max(1, round(CHUNK_BATCHES * max_tokens * lines / max(tokens, 1))))
 
 
 def translate_stream(model: Transformer, vocab: Vocab, lines: Iterable[str], search: SearchConfig,
                      device: torch.device, chunk_lines: int, nbest: int = 1,
                      take: Callable[[int], list[str]] | None = None) -> Iterator[list[str]]:
     """The translations of `lines` chunk by chunk (at most chunk_lines input lines each, length-sorted within the
-    chunk, sized by time: next_chunk_lines), each chunk in input order, as soon as it is done: memory holds one
+    chunk, sized by tokens: next_chunk_lines), each chunk in input order, as soon as it is done: memory holds one
     chunk whatever the input's size, and a caller that writes each chunk loses at most the chunk in progress.
-    nbest > 1: each line's translation is its block of nbest_blocks. take(n): the next chunk of at most n lines
+    nbest > 1: each line's translation is its block of `written`. take(n): the next chunk of at most n lines
     (default: the next n of `lines`; a pipe's: the lines that have arrived, nmt.translate.ArrivingLines)."""
     source, first, size = iter(lines), 1, min(chunk_lines, FIRST_CHUNK_LINES)
     take = take or (lambda n: list(itertools.islice(source, n)))
+    tokens = 0
     while chunk := take(size):
-        started = time.monotonic()
-        translations = (translate_lines(model, vocab, chunk, search, device, first_line=first) if nbest == 1 else
-                        nbest_blocks(model, vocab, chunk, search, device, nbest, first_line=first))
-        size = next_chunk_lines(len(chunk), time.monotonic() - started, chunk_lines)
-        yield translations
+        ids = encoded(model, vocab, chunk, search, first)
+        translations = written(model, vocab, ids, search, device, nbest, first)
+        tokens += sum(len(row) + 1 for row in ids)
         first += len(chunk)
+        size = next_chunk_lines(first - 1, tokens, search.max_tokens, chunk_lines)
+        yield translations

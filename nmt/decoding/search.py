@@ -111,6 +111,7 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
     finished: list[list[Hypothesis]] = [[] for _ in range(src.shape[0])]
     best_finished = torch.full((src.shape[0],), float("-inf"), device=src.device)  # exact: the score to beat
     ended = torch.zeros(src.shape[0], dtype=torch.long, device=src.device)  # finished: hypotheses so far
+    limit_penalty = length_penalty(limit.float(), alpha)  # exact: a live beam's penalty at its longest
     for t in range(1, int(limit.max()) + 1):
         n, width = alive.shape
         logits, cache = model.decode(tokens[:, -1:], cache)
@@ -124,23 +125,29 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
         scores, ids = log_probs.add_(alive[:, :, None]).view(n, -1).topk(2 * k)  # (n, 2K)
         origin, token = ids // vocab, ids % vocab
         is_eos = token == EOS
-        penalty = length_penalty(t, alpha, stop)
-        for i, j in (is_eos[:, :k] & scores[:, :k].isfinite()).nonzero().tolist():
-            b = int(active[i])
-            hyp = Hypothesis(tokens[i * width + origin[i, j], 1:].tolist(), float(scores[i, j]) / penalty)
+        ending = is_eos[:, :k] & scores[:, :k].isfinite()  # (n, K): hypotheses that end here
+        if ending.any():  # one copy to the host per step, not a few per hypothesis
+            i, j = ending.nonzero().unbind(1)
+            sentences, penalty = active[i].tolist(), length_penalty(t, alpha, stop)
+            values = [value / penalty for value in scores[i, j].tolist()]  # in double, as the scores returned
+            prefixes = tokens.index_select(0, i * width + origin[i, j])[:, 1:].tolist()
+            for b, value, prefix in zip(sentences, values, prefixes):
+                finished[b].append(Hypothesis(prefix, value))
             if stop == Stop.finished:
-                finished[b].append(hyp)
-                ended[b] += 1
-                continue
-            finished[b] = sorted(finished[b] + [hyp], key=lambda h: -h.score)[:k]
-            if len(finished[b]) >= nbest:  # the score a live beam must beat to change the n-best list
-                best_finished[b] = finished[b][nbest - 1].score
+                ended[active] += ending.sum(1)
+            else:
+                touched = sorted(set(sentences))
+                for b in touched:
+                    finished[b] = sorted(finished[b], key=lambda h: -h.score)[:k]
+                # the score a live beam must beat to change the n-best list
+                best = [finished[b][nbest - 1].score if len(finished[b]) >= nbest else float("-inf") for b in touched]
+                best_finished[touched] = torch.tensor(best, device=src.device)
         alive, pick = scores.masked_fill(is_eos, float("-inf")).topk(k)  # K best live extensions
         rows = torch.arange(n, device=src.device)[:, None] * width + origin.gather(1, pick)  # (n, K): rows continued
         if stop == Stop.finished:
             done = at_limit | (ended[active] >= enough)
         else:
-            best_possible = alive.max(1).values / length_penalty(limit[active].float(), alpha)
+            best_possible = alive.max(1).values / limit_penalty[active]
             done = at_limit | (best_finished[active] >= best_possible)
         if done.all():
             break

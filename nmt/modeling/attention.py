@@ -152,6 +152,7 @@ class MultiHeadAttention(nn.Module):
             shape = (edges.rows, self.d_head) if share_heads else (heads, edges.rows, self.d_head)
         self.rel_k = nn.Parameter(torch.randn(shape) * self.d_head**-0.5) if edges and rel_key else None
         self.rel_v = nn.Parameter(torch.randn(shape) * self.d_head**-0.5) if edges and rel_value else None
+        self.fused_qkv = None  # x -> [Q K V] in one GEMM, which decoding may give (nmt.decoding.fused)
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
@@ -161,6 +162,17 @@ class MultiHeadAttention(nn.Module):
         """K and V of x (B, N, d_model); rotation: rotary angles of x's positions (the cache keeps rotated keys)."""
         k = self.split_heads(self.k_proj(x))
         return KV(k if rotation is None else rotate(k, rotation), self.split_heads(self.v_proj(x)))
+
+    def project_qkv(self, x: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, KV]:
+        """Q (B, H, N, D) and the K and V of x (B, N, d_model) for self-attention: one GEMM where fused_qkv is
+        given, else three."""
+        if self.fused_qkv is None:
+            q = self.split_heads(self.q_proj(x))
+            return (q if rotation is None else rotate(q, rotation)), self.project_kv(x, rotation)
+        q, k, v = (self.split_heads(part) for part in self.fused_qkv(x).chunk(3, dim=-1))
+        if rotation is not None:
+            q, k = rotate(q, rotation), rotate(k, rotation)
+        return q, KV(k, v)
 
     def self_attention_weights(self, x: Tensor, key_padding_mask: Tensor | None = None, causal: bool = False,
                                positions: StackPositions = NO_POSITIONS) -> Tensor:
@@ -189,14 +201,17 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         q_offset: int = 0,
         positions: StackPositions = NO_POSITIONS,
+        q: Tensor | None = None,
     ) -> Tensor:
         """x (B, Nq, d_model) attends to precomputed kv -> (B, Nq, d_model).
 
         positions: what the stack's position scheme built for this forward (nmt/modeling/positions.py): rotary angles for
-        the queries, or an additive bias that already holds the padding and causal masks."""
-        q = self.split_heads(self.q_proj(x))  # (B, H, Nq, D)
-        if positions.rotation is not None:
-            q = rotate(q, positions.rotation)
+        the queries, or an additive bias that already holds the padding and causal masks. q: x's queries (B, H, Nq, D),
+        rotated, where project_qkv made them."""
+        if q is None:
+            q = self.split_heads(self.q_proj(x))  # (B, H, Nq, D)
+            if positions.rotation is not None:
+                q = rotate(q, positions.rotation)
         dropout_p = self.dropout if self.training else 0.0
         if positions.bias is not None:  # T5, ALiBi: SDPA's fused kernels take the bias as attn_mask
             z = torch_attention.sdpa(q, kv.k, kv.v, positions.bias, None, positions.empty_rows, dropout_p)

@@ -156,11 +156,11 @@ class DecoderLayer(nn.Module):
 
         def self_attend(h):
             nonlocal new_self_kv
-            kv = self.self_attn.project_kv(h, positions.rotation)
+            q, kv = self.self_attn.project_qkv(h, positions.rotation)
             if cache.self_kv is not None:
                 kv = cache.self_kv.extended(kv, order)
             new_self_kv = kv
-            return self.self_attn(h, kv, causal=True, q_offset=step, positions=positions)
+            return self.self_attn(h, kv, causal=True, q_offset=step, positions=positions, q=q)
 
         def cross_attend(h):  # a sentence's hypotheses (beam search) are queries against its one source
             grouped = h.reshape(cache.cross_kv.k.shape[0], -1, h.shape[-1])  # (B, K * Nt, d): no positions here

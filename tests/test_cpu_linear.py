@@ -21,6 +21,16 @@ def test_onednn_linear_equals_pytorchs(bias):
         torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
 
 
+def test_the_relu_in_the_gemms_pass_is_the_relu_after_it():
+    g = torch.Generator().manual_seed(1)
+    weight, b, x = torch.randn(48, 32, generator=g), torch.randn(48, generator=g), torch.randn(9, 32, generator=g)
+    with torch.inference_mode():
+        for packed in (None, PackedWeight()):
+            assert torch.equal(linear(x, weight, b, packed, "relu"), linear(x, weight, b, packed).relu())
+    ffn = use_onednn(real_model()).decoder[0].ffn
+    assert ffn[0].post == "relu" and type(ffn[1]) is torch.nn.Identity and ffn[3].post == "none"
+
+
 def test_onednn_linear_leaves_autograd_to_pytorch():
     layer = torch.nn.Linear(8, 4)
     x = torch.randn(3, 8, requires_grad=True)

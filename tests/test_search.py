@@ -216,3 +216,18 @@ def test_patience_belongs_to_stop_finished_and_holds_the_nbest_list():
         SearchConfig(stop=Stop.finished, patience=0.1).check()
     with pytest.raises(ConfigError, match=r"^nbest=3 is invalid: it must be in \[1, 2\]"):
         DecodeJob(checkpoint="x", nbest=3, stop=Stop.finished, patience=0.5).check()
+
+
+@pytest.mark.parametrize("length", [40, 32_000, 8_192 * 4, 7_919 * 4])
+def test_top_k_by_blocks_is_torch_topk(length):
+    """The blocks' top-k gives torch.topk's values and indices (no ties among random values), including a best
+    value that sits alone in its block, and rows of -inf beside the best (a banned or forced token)."""
+    from nmt.decoding.search import top_k
+
+    g = torch.Generator().manual_seed(length)
+    scores = torch.randn(5, length, generator=g)
+    scores[0, 7] = 100.0
+    scores[1, : length // 2] = float("-inf")
+    values, ids = top_k(scores, 8)
+    expected = scores.topk(8)
+    assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)

@@ -29,16 +29,19 @@ def onednn_preferred() -> bool:
     return bool(vendors) and "GenuineIntel" not in vendors
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: "PackedWeight | None" = None) -> Tensor:
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: "PackedWeight | None" = None,
+           post: str = "none") -> Tensor:
     """x @ weight.T + bias by oneDNN for float32 CPU tensors outside autograd and autocast (translate's bf16),
-    F.linear otherwise. packed: weight's copy in oneDNN's own layout, used where it gives the same bits."""
+    F.linear otherwise. packed: weight's copy in oneDNN's own layout, used where it gives the same bits. post:
+    "relu" applies max(0, .) to the output in the GEMM's own pass (oneDNN's post-op), not in a pass of its own."""
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
             or torch.is_autocast_enabled("cpu")
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-        return F.linear(x, weight, bias)
+        out = F.linear(x, weight, bias)
+        return out.relu_() if post == "relu" else out
     if packed is not None and x.numel() > x.shape[-1]:  # one row takes another kernel, which packing changes
         weight = packed.of(weight)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post, [], "")
 
 
 # The row count oneDNN lays a packed weight out for: a decoding step's rows (hypotheses) are tens to thousands.
@@ -64,9 +67,10 @@ class OneDNNLinear(nn.Linear):
     """nn.Linear with the same parameters and state dict, computed by `linear` above with a packed weight."""
 
     packed: PackedWeight
+    post = "none"  # "relu": the ReLU after it, done in its pass (use_onednn: a feed-forward block's first layer)
 
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias, self.packed)
+        return linear(x, self.weight, self.bias, self.packed, self.post)
 
 
 class OneDNNOutput:
@@ -81,11 +85,18 @@ class OneDNNOutput:
 
 def use_onednn(model: nn.Module) -> nn.Module:
     """Route every linear layer of `model` (and a model's tied output projection, `output_linear`) through oneDNN,
-    in place; parameters and state dict are unchanged."""
+    in place; parameters and state dict are unchanged. A linear layer followed by a ReLU (the feed-forward blocks)
+    applies it in its own pass, and the ReLU module becomes an identity (its place, and so the state dict's names,
+    kept)."""
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = OneDNNLinear
             module.packed = PackedWeight()
+    for module in model.modules():
+        if isinstance(module, nn.Sequential):
+            for i in range(len(module) - 1):
+                if type(module[i]) is OneDNNLinear and type(module[i + 1]) is nn.ReLU:
+                    module[i].post, module[i + 1] = "relu", nn.Identity()
     if hasattr(model, "output_linear"):
         model.output_linear = OneDNNOutput()
     return model

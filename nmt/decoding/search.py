@@ -23,6 +23,28 @@ def length_penalty(length, alpha: float, stop: Stop = Stop.exact):
     return ((5.0 + length) / 6.0) ** alpha if stop == Stop.exact else length**alpha
 
 
+def block_size(length: int) -> int:
+    """The largest divisor of `length` from 64 to 512 (0: none, or a row too short for blocks to pay)."""
+    if length < 16 * 64:
+        return 0
+    return next((size for size in range(512, 63, -1) if length % size == 0), 0)
+
+
+def top_k(scores: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """scores.topk(count) of each row (n, L), by blocks of the row: the `count` best lie in the `count` blocks of the
+    highest maxima (a block whose maximum is not among them holds no value above `count` others), so one pass takes
+    each block's maximum and top-k reads those blocks alone, where torch.topk copies and partly sorts the whole row.
+    The same values; of equal values, perhaps another one's index."""
+    n, length = scores.shape
+    size = block_size(length)
+    if not size or count * size * 4 > length:
+        return scores.topk(count)
+    blocks = scores.view(n, length // size, size)
+    chosen = blocks.amax(-1).topk(count).indices  # (n, count)
+    values, within = blocks.gather(1, chosen[:, :, None].expand(n, count, size)).view(n, -1).topk(count)
+    return values, chosen.gather(1, within // size) * size + within % size
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
@@ -122,7 +144,7 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
             forced = torch.full_like(log_probs, float("-inf"))
             forced[..., EOS] = log_probs[..., EOS]
             log_probs = torch.where(at_limit[:, None, None], forced, log_probs)
-        scores, ids = log_probs.add_(alive[:, :, None]).view(n, -1).topk(2 * k)  # (n, 2K)
+        scores, ids = top_k(log_probs.add_(alive[:, :, None]).view(n, -1), 2 * k)  # (n, 2K)
         origin, token = ids // vocab, ids % vocab
         is_eos = token == EOS
         ending = is_eos[:, :k] & scores[:, :k].isfinite()  # (n, K): hypotheses that end here

@@ -9,9 +9,9 @@ In one fresh process, as `relnmt-translate` runs them (the first --sentences of 
 2. the search again under torch.profiler: each op's self CPU seconds, grouped (GROUPS: the linear layers and the
    output projection; attention; the search's log-softmax and top-k; the cache's copies; the rest), and the Python
    between them (the profiled search's wall time less its ops' self time, on one thread);
-3. the search's work: the hypothesis rows the decoder ran (one row: one hypothesis, one step), against beam x the
-   best hypotheses' tokens (EOS included), about what a search that stops when its best beam ends runs (CTranslate2's
-   rule); relnmt's exact rule stops a sentence only when no live beam can still win (nmt/decoding/search.py);
+3. the search's work: the hypothesis rows the decoder ran (one row: one hypothesis, one step) under relnmt's exact
+   rule (a sentence ends only when no live beam can still win, nmt/decoding/search.py), and under stop=finished
+   (CTranslate2's and fairseq's rule: it ends once beam hypotheses have), counted in one more search;
 4. then a whole `python -m nmt.translate` process over the same lines (what benchmarks.decode_ratio times): its wall
    seconds, against the phases above.
 """
@@ -66,7 +66,10 @@ def main() -> None:
     phases["import torch"] += time.perf_counter()
     phases["import nmt.translate"] = -time.perf_counter()
     import nmt.translate  # noqa: F401 (what relnmt-translate imports)
+    from dataclasses import replace
+
     from nmt.config import SearchConfig
+    from nmt.modes import Stop
     from nmt.decoding.decode import encode_lines, input_limit, load_translator, search_ids
     from nmt.runtime.memory import retain_freed_memory
     phases["import nmt.translate"] += time.perf_counter()
@@ -90,12 +93,14 @@ def main() -> None:
     rows = []
     decode = model.decode
 
-    def counted(tokens, cache):
-        rows.append(tokens.shape[0])
-        return decode(tokens, cache)
-    model.decode = counted
+    def counting(into: list[int]):
+        def counted(tokens, cache):
+            into.append(tokens.shape[0])
+            return decode(tokens, cache)
+        return counted
+    model.decode = counting(rows)
     clock = time.perf_counter()
-    found = search_ids(model, ids, search, cpu)
+    search_ids(model, ids, search, cpu)
     phases["search"] = time.perf_counter() - clock
     phases["process so far"] = time.perf_counter() - START
     model.decode = decode
@@ -108,22 +113,25 @@ def main() -> None:
     for event in profile.key_averages():
         by_group[group_of(event.key)] = by_group.get(group_of(event.key), 0.0) + event.self_cpu_time_total / 1e6
     by_group["Python between ops (wall less ops)"] = profiled - sum(by_group.values())
+    finished_rows: list[int] = []
+    model.decode = counting(finished_rows)
+    search_ids(model, ids, replace(search, stop=Stop.finished), cpu)
+    model.decode = decode
     whole = translate_process_seconds(args)
-    best_tokens = sum(len(hyps[0].tokens) + 1 for hyps in found)
     report = {"checkpoint": str(args.checkpoint), "sentences": args.sentences, "beam": args.beam,
               "threads": args.threads, "machine": machine(cpu), "torch": torch.__version__,
               "translate_process_s": round(whole, 3), "phases_s": {k: round(v, 3) for k, v in phases.items()},
               "profiled_search_s": round(profiled, 3),
               "search_by_group_s": {k: round(v, 3) for k, v in sorted(by_group.items(), key=lambda kv: -kv[1])},
-              "hypothesis_rows": sum(rows), "steps": len(rows), "best_tokens": best_tokens,
-              "rows_over_beam_x_best_tokens": round(sum(rows) / (args.beam * best_tokens), 3)}
+              "hypothesis_rows": sum(rows), "steps": len(rows), "hypothesis_rows_stop_finished": sum(finished_rows),
+              "rows_exact_over_finished": round(sum(rows) / sum(finished_rows), 3)}
     print(f"{report['machine']}; {args.sentences} sentences, beam {args.beam}, {args.threads} thread(s)")
     print(f"python -m nmt.translate: {whole:.2f} s")
     print("phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in report["phases_s"].items()))
     print(f"search under the profiler {profiled:.2f} s: " +
           ", ".join(f"{k} {v:.2f}" for k, v in report["search_by_group_s"].items()))
-    print(f"hypothesis rows {sum(rows)} over {len(rows)} steps; beam x best tokens {args.beam * best_tokens}: "
-          f"{report['rows_over_beam_x_best_tokens']:.3f}x")
+    print(f"hypothesis rows {sum(rows)} over {len(rows)} steps; under stop=finished {sum(finished_rows)}: the exact "
+          f"rule runs {report['rows_exact_over_finished']:.3f}x as many")
     write_report(args.output, report)
     print(f"wrote {args.output}")
 

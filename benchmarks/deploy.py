@@ -6,7 +6,8 @@
 CHECKPOINT must be exportable (e.g. the demo trained with model.share_heads=true). It is exported to float32 and
 int8 under EXPORTS/, then:
 1. Agreement, in one process, on the first --sentences of test_2016_flickr: relnmt against the float32 export,
-   greedy and beam 4 at alpha 0 (where the two searches are the same): how many lines are token-identical, and of
+   greedy, beam 4 at alpha 0 (where the two searches are the same) and beam 4 at alpha 0.6 with relnmt's
+   stop=finished (CTranslate2's rule): how many lines are token-identical, and of
    the others how many reach relnmt's length limit. BLEU (sacrebleu) of beam 4 with each engine's own length
    penalty at alpha 0.6 (relnmt: GNMT's ((5 + |Y|) / 6)^alpha; CTranslate2: |Y|^alpha), float32 and int8; the
    hypotheses are written beside the JSON.
@@ -41,6 +42,7 @@ from nmt.decoding.cpu_linear import onednn_preferred
 from nmt.decoding.decode import encode_lines, load_translator, translate_ids
 from nmt.export import export
 from nmt.machine import machine
+from nmt.modes import Stop
 from nmt.timing import time_interleaved
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +61,8 @@ def agreement(checkpoint: str, exports: dict[str, Path], sources: list[str], ref
     engines = {"relnmt": model, **{name: load_translator(path, cpu)[0] for name, path in exports.items()}}
     ids = encode_lines(vocab, sources, None)
     report = {}
-    for name, search in (("greedy", SearchConfig(beam=1)), ("beam4_alpha0", SearchConfig(beam=4, alpha=0.0))):
+    for name, search in (("greedy", SearchConfig(beam=1)), ("beam4_alpha0", SearchConfig(beam=4, alpha=0.0)),
+                         ("beam4_finished", SearchConfig(beam=4, alpha=0.6, stop=Stop.finished))):
         ours, theirs = (translate_ids(engines[e], ids, search, cpu) for e in ("relnmt", "float32"))
         differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
         at_limit = [i for i in differ if len(ours[i]) >= len(ids[i]) + search.max_extra]

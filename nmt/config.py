@@ -220,7 +220,7 @@ class SearchConfig:
 
     beam: int = 4  # 1 = greedy
     alpha: float = 0.6  # GNMT length penalty exponent (stop=finished: the exponent of |Y|^alpha instead)
-    stop: Stop = Stop.exact  # exact: the best under GNMT's penalty (the paper's); finished: CTranslate2's and fairseq's
+    stop: Stop = Stop.exact  # exact: no live beam can still win (tensor2tensor's); finished: CTranslate2's, fairseq's
     patience: float = 1.0  # stop=finished: a sentence ends once round(beam x patience) hypotheses have ended
     max_extra: int = 50  # longest output = source length + max_extra
     min_length: int = 1  # no end of sentence before this many tokens (1: no empty translation of a non-empty line)
@@ -233,7 +233,7 @@ class SearchConfig:
         require((self.patience == 1.0 or self.stop == Stop.finished) and round(self.beam * self.patience) >= 1,
                 "patience", self.patience, f"1.0 unless stop=finished, with round(beam={self.beam} x patience) >= 1")
         require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
-        require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length, f"in [0, max_extra={self.max_extra}]")
+        require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length, f"in [0, {self.max_extra}]")
         require(self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
         require(self.max_input_tokens >= 1, "max_input_tokens", self.max_input_tokens, ">= 1")
         return self

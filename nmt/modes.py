@@ -48,8 +48,8 @@ class Precision(str, Enum):
 class Stop(str, Enum):
     """When beam search ends a sentence, and how it ranks hypotheses of different lengths (nmt/decoding/search.py)."""
 
-    exact = "exact"  # tensor2tensor's bound, the paper's: once no live beam can still win under GNMT's penalty
-    # ((5 + |Y|) / 6)^alpha at the longest allowed output; the search's exact best under that penalty
+    exact = "exact"  # tensor2tensor's bound: once no live beam can still win under GNMT's penalty
+    # ((5 + |Y|) / 6)^alpha at the longest allowed output: nothing the beam could still finish scores higher
     finished = "finished"  # fairseq's and CTranslate2's: once round(beam x patience) hypotheses have ended, ranked
     # by log p(Y|X) / |Y|^alpha (|Y| counts the end of sentence); fewer steps, and a live beam might have won
 

@@ -1,10 +1,10 @@
 """python -m nmt.translate checkpoint=PATH [beam=4 alpha=0.6] [input=FILE] [output=FILE] [nbest=N]
 
 Raw source lines in (stdin or input=FILE), detokenized translations out (stdout or output=FILE):
-exactly one output line per input line, in input order, written and flushed chunk by chunk: the first chunks are
-small and grow while they take under a few seconds, up to buffer_lines input lines (default 5,000), so the first
-lines come out within seconds, memory stays bounded and a killed or interrupted (Ctrl-C) run keeps every finished
-chunk. A reader that goes away (`| head`) ends it quietly. Empty or whitespace-only lines give
+exactly one output line per input line, in input order, written and flushed chunk by chunk: the first chunk is
+8 lines, the next ones about eight full batches of source tokens each, up to buffer_lines input lines (default
+5,000), so the first lines come out within seconds, memory stays bounded and a killed or interrupted (Ctrl-C) run
+keeps every finished chunk. A reader that goes away (`| head`) ends it quietly. Empty or whitespace-only lines give
 empty lines. A line longer than max_input_tokens subword tokens (default 1,024, as fairseq's
 --max-source-positions) is cut to that length with a warning naming it, never dropped, so one stray paragraph or
 binary blob costs bounded time; a model with absolute (sinusoid) positions also cuts at its table's length.

@@ -1,5 +1,6 @@
 """nmt.export: every mode CTranslate2 can hold translates token for token as relnmt does (greedy, beam 4 at
-alpha 0, where the two searches are the same, and beam 4 at alpha 0.6 under relnmt's stop=finished); the others are refused in one line; nmt.translate runs the export."""
+alpha 0, where the two searches are the same, and beam 4 at alpha 0.6 under relnmt's stop=finished); the
+others are refused in one line; nmt.translate runs the export."""
 
 import os
 import subprocess

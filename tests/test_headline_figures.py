@@ -174,6 +174,13 @@ def test_the_speed_and_export_figures_are_their_records():
           [agreement["identical"], agreement["of"]], "export")
 
 
+def test_the_decoding_speed_against_ctranslate2_is_its_record():
+    ratio = record("decode_ratio.json")
+    check(numbers(r"(\S+)× / (\S+)× / (\S+)×", glance_row("decoding speed, relnmt over CTranslate2")),
+          [ratio[f"{search} 1t"]["relnmt_over_ctranslate2"] for search in ("beam4", "beam4_finished", "greedy")],
+          "decoding speed")
+
+
 def test_the_minutes_of_a_table_run_are_its_records(tables):
     cells = {result["folder"]: result for table in BLEU_TABLES for seeds in tables[table].values()
              for result in seeds.values()}  # a cell that two tables hold counts once

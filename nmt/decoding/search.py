@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from nmt.config import SearchConfig
-from nmt.modes import Stop
 from nmt.modeling.transformer import BOS, EOS, PAD
+from nmt.modes import Stop
 
 
 def length_penalty(length, alpha: float, stop: Stop = Stop.exact):
@@ -110,7 +110,7 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
 
     Each step ranks the 2K best extensions of the K live beams; an EOS among the first K finishes a
     hypothesis, the K best non-EOS extensions live on. When a sentence is done is `stop`'s rule:
-    - exact (the paper's, tensor2tensor's): when its best finished score cannot be beaten by any live beam
+    - exact (tensor2tensor's): when its best finished score cannot be beaten by any live beam
       (log-probabilities only fall, so a live beam's best possible score is its log-probability divided by the
       penalty at the maximum length; with nbest > 1: its nbest-th best finished score, so the list is the search's
       exact n best);

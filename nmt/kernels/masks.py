@@ -12,7 +12,7 @@ def attention_mask(nq, nk, key_padding_mask, causal, q_offset, device) -> tuple[
     """(boolean (B or 1, 1, Nq, Nk) mask, True = may not attend; None when nothing is masked) and the rows with no
     visible key at all, (B, 1, Nq, 1) or None: they must give 0, not NaN nor a uniform average."""
     mask = None
-    if causal:
+    if causal and q_offset < nk - 1:  # from q_offset on, a query sees every key (a decoding step): nothing to mask
         query_pos = torch.arange(q_offset, q_offset + nq, device=device)
         mask = (torch.arange(nk, device=device)[None, :] > query_pos[:, None])[None, None]
     if key_padding_mask is not None:

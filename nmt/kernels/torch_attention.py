@@ -10,6 +10,7 @@ benchmarks/attention.py).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -30,7 +31,9 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
     if window is None:
         return sdpa(q, k, v, None, mask, empty_rows, dropout_p)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    buckets = window.buckets(nq, nk, q_offset, q.device)  # (Nq, Nk) in [0, R)
+    # a decoding step (one query, no backward): its layers share one step's buckets, made once
+    step = nq == 1 and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    buckets = _step_buckets(window, nk, q_offset, q.device) if step else window.buckets(nq, nk, q_offset, q.device)
     rel_k = None if rel_k is None else window.cut(rel_k).to(q.dtype)
     if rel_v is None:
         # a^K only: the key term is an additive bias, so the fused SDPA kernel does the rest.
@@ -40,7 +43,10 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, rel_k: Tensor | None, re
     rel_v = window.cut(rel_v).to(q.dtype)
     # plain ops under the compiler (it derives the backward and fuses the n^2 work), and for a decoding step (one
     # query, no backward: the hand-written function's heads-first copies of the cache cost more than they save)
-    if torch.compiler.is_compiling() or (nq == 1 and not torch.is_grad_enabled()):
+    if step:
+        one_hot = _step_one_hot(window, nk, q_offset, q.device, rel_v.shape[-2], q.dtype)
+        return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, one_hot=one_hot)
+    if torch.compiler.is_compiling():
         return _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
     return _RelativeAttention.apply(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale)
 
@@ -77,9 +83,20 @@ def _weights(q, k, rel_k, buckets, mask, empty_rows, scale) -> Tensor:
     return probs if empty_rows is None else probs.masked_fill(empty_rows, 0.0)
 
 
-def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, keep=None) -> Tensor:
+@functools.lru_cache(maxsize=4)
+def _step_buckets(window: EdgeWindow, nk: int, q_offset: int, device: torch.device) -> Tensor:
+    return window.buckets(1, nk, q_offset, device)
+
+
+@functools.lru_cache(maxsize=4)
+def _step_one_hot(window: EdgeWindow, nk: int, q_offset: int, device: torch.device, rows: int, dtype) -> Tensor:
+    return (_step_buckets(window, nk, q_offset, device).unsqueeze(-1) == torch.arange(rows, device=device)).to(dtype)
+
+
+def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropout_p, scale, keep=None,
+                        one_hot=None) -> Tensor:
     """Eq. 3-5 in differentiable torch ops, (B, H, N, D) throughout: what torch.compile traces.
-    keep: a given dropout mask instead of a fresh draw."""
+    keep: a given dropout mask instead of a fresh draw; one_hot: buckets as (Nq, Nk, R) indicators, when made."""
     probs = _weights(q, k, rel_k, buckets, mask, empty_rows, scale)
     if keep is not None:
         probs = probs * keep * (1.0 / (1.0 - dropout_p))
@@ -87,7 +104,8 @@ def _relative_composite(q, k, v, rel_k, rel_v, buckets, mask, empty_rows, dropou
         probs = dropout(probs, dropout_p)
     if rel_v is None:
         return probs @ v
-    one_hot = (buckets.unsqueeze(-1) == torch.arange(rel_v.shape[-2], device=q.device)).to(q.dtype)
+    if one_hot is None:
+        one_hot = (buckets.unsqueeze(-1) == torch.arange(rel_v.shape[-2], device=q.device)).to(q.dtype)
     bucket_mass = torch.einsum("bhij,ijr->bhir", probs, one_hot)  # (B, H, Nq, 2k+1)
     edge_values = bucket_mass @ rel_v.unsqueeze(0) if rel_v.dim() == 3 else bucket_mass @ rel_v
     return probs @ v + edge_values  # Eq. 3
@@ -214,6 +232,12 @@ class _RelativeAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, grad_rel_k, grad_rel_v, None, None, None, None, None
 
 
+# At most this many queries per head against contiguous keys and values, without autograd, on a CPU: attention as
+# two batched products around a softmax, which there take about three quarters of SDPA's flash kernel's time (a
+# decoding step's cross-attention: a sentence's few hypotheses against its source, whose K/V start() lays out)
+FEW_QUERIES = 16
+
+
 def sdpa(q, k, v, bias, mask, empty_rows, dropout_p) -> Tensor:
     """F.scaled_dot_product_attention with an additive bias and a boolean mask folded into one float mask."""
     if mask is not None:
@@ -221,5 +245,10 @@ def sdpa(q, k, v, bias, mask, empty_rows, dropout_p) -> Tensor:
             mask, torch.finfo(q.dtype).min
         )
         bias = blocked if bias is None else bias + blocked
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    if (q.device.type == "cpu" and q.shape[-2] <= FEW_QUERIES and not dropout_p and not torch.is_grad_enabled()
+            and k.is_contiguous() and v.is_contiguous()):
+        scores = torch.matmul(q, k.transpose(-1, -2)).mul_(q.shape[-1] ** -0.5)
+        out = torch.matmul((scores if bias is None else scores.add_(bias)).softmax(-1), v)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
     return out if empty_rows is None else out.masked_fill(empty_rows, 0.0)

@@ -232,11 +232,12 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def start(self, memory: Tensor, src: Tensor) -> DecoderCache:
-        """Empty decoding cache: cross-attention K/V are projected once here."""
-        layers = [LayerCache(None, layer.cross_attn.project_kv(memory)) for layer in self.decoder]
-        pad = src.eq(PAD)
+        """Empty decoding cache: cross-attention K/V are projected once here (decoding: laid out contiguous, which
+        every step reads, nmt.kernels.torch_attention.sdpa's path for few queries)."""
+        kvs, pad = [layer.cross_attn.project_kv(memory) for layer in self.decoder], src.eq(PAD)
         if torch.is_grad_enabled() or torch.compiler.is_compiling():  # training: the mask as the layers build it
-            return DecoderCache(layers, pad, 0)
+            return DecoderCache([LayerCache(None, kv) for kv in kvs], pad, 0)
+        layers = [LayerCache(None, KV(kv.k.contiguous(), kv.v.contiguous())) for kv in kvs]
         kind = memory.device.type  # the bias takes the dtype of the queries it is added to
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else memory.dtype
         return DecoderCache(layers, pad, 0, source_mask=source_mask(pad, dtype))
@@ -261,9 +262,8 @@ class Transformer(nn.Module):
             x, layer_cache = self._layer(layer, x, layer_cache, cache.src_pad, cache.step, positions, cache.order,
                                          cache.source_mask or NO_POSITIONS)
             layers.append(layer_cache)
-        x = self.decoder_norm(x)  # (B, Nt, d)
+        x = self.decoder_norm(x)  # (B, Nt, d); below, the cache's order is applied (none pending)
         out = x if features_only else self.output_linear(x, self.output_weight)  # (B, Nt, V)
-        # the order is applied
         return out, DecoderCache(layers, cache.src_pad, cache.step + tgt.shape[1], source_mask=cache.source_mask)
 
     @staticmethod

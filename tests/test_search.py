@@ -231,3 +231,37 @@ def test_top_k_by_blocks_is_torch_topk(length):
     values, ids = top_k(scores, 8)
     expected = scores.topk(8)
     assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
+
+
+def test_fused_projections_decode_as_the_three_and_follow_the_weights():
+    """nmt.decoding.fused: one GEMM for Q, K and V gives the searches of three; a weight changed in place after the
+    first search is read again (the fused matrix is remade when a version counter moves)."""
+    from nmt.decoding.fused import fuse_self_attention
+
+    src = sources(5)
+    plain, fused = real_model(), fuse_self_attention(real_model(), onednn=False)
+    for _ in range(2):
+        ours, theirs = beam_search(fused, src, beam=4, alpha=0.6, max_extra=8), beam_search(plain, src, beam=4,
+                                                                                          alpha=0.6, max_extra=8)
+        assert [h.tokens for h in ours] == [h.tokens for h in theirs]
+        assert [h.score for h in ours] == pytest.approx([h.score for h in theirs], abs=1e-5)
+        with torch.no_grad():
+            for model in (plain, fused):
+                model.decoder[0].self_attn.k_proj.weight.mul_(-1.5)
+
+
+def test_few_queries_attend_as_sdpa():
+    """A decoding step's cross-attention (few queries, contiguous K/V, no autograd) as two products around a softmax
+    gives SDPA's output, with a padding mask."""
+    import torch.nn.functional as F
+
+    from nmt.kernels.torch_attention import sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, n, 8, generator=g) for n in (4, 6, 6))
+    pad = torch.zeros(3, 1, 1, 6, dtype=torch.bool)
+    pad[1, ..., 4:] = True
+    with torch.inference_mode():
+        got = sdpa(q, k, v, None, pad, None, 0.0)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(pad.shape).masked_fill(pad, -3.4e38))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -1,7 +1,7 @@
 """Linear layers through oneDNN for decoding on x86 CPUs that are not Intel's.
 
 PyTorch's CPU builds multiply float32 matrices with Intel MKL, which takes a slow path on other vendors' CPUs: on
-a 2-core x86-64 CPU not made by Intel, a whole decode ran 1.39x (greedy) and 1.48x (beam 4) faster with oneDNN
+a 2-core AMD EPYC (family 26), a whole decode ran 1.62x (greedy) and 1.64x (beam 4) faster with oneDNN
 (also inside PyTorch) for the linear layers (`python -m benchmarks.deploy`, results/deploy/deploy.json,
 `gemm_library`). CTranslate2 makes the same choice: MKL on Intel, oneDNN elsewhere. The two libraries round
 differently, so this is for inference (translation, export checks), not for training: a run's arithmetic does not

@@ -233,8 +233,8 @@ class _RelativeAttention(torch.autograd.Function):
 
 
 # At most this many queries per head against contiguous keys and values, without autograd, on a CPU: attention as
-# two batched products around a softmax, which there take about three quarters of SDPA's flash kernel's time (a
-# decoding step's cross-attention: a sentence's few hypotheses against its source, whose K/V start() lays out)
+# two batched products around a softmax, cheaper there than SDPA's flash kernel, whose blocking pays for long query
+# blocks (a decoding step's cross-attention: a sentence's few hypotheses against its source, laid out by start())
 FEW_QUERIES = 16
 
 

@@ -166,9 +166,10 @@ class MultiHeadAttention(nn.Module):
     def project_qkv(self, x: Tensor, rotation: Rotation | None = None) -> tuple[Tensor, KV]:
         """Q (B, H, N, D) and the K and V of x (B, N, d_model) for self-attention: one GEMM where fused_qkv is
         given, else three."""
-        if self.fused_qkv is None:
+        if self.fused_qkv is None:  # K and V first, then Q: training's order of ops (so its gradients' sums) as before
+            kv = self.project_kv(x, rotation)
             q = self.split_heads(self.q_proj(x))
-            return (q if rotation is None else rotate(q, rotation)), self.project_kv(x, rotation)
+            return (q if rotation is None else rotate(q, rotation)), kv
         q, k, v = (self.split_heads(part) for part in self.fused_qkv(x).chunk(3, dim=-1))
         if rotation is not None:
             q, k = rotate(q, rotation), rotate(k, rotation)

@@ -8,7 +8,7 @@ from typing import Optional
 from omegaconf import MISSING
 
 from nmt.errors import ConfigError, require  # noqa: F401 -- ConfigError: its home for the schema's users
-from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, Stop, bucket_rule
+from nmt.modes import Attention, BestMetric, Norm, Position, Precision, Schedule, Stop, bucket_rule, hypotheses_to_end
 from nmt.roles import defines, extends, places, scores
 
 
@@ -230,7 +230,7 @@ class SearchConfig:
     def check(self) -> "SearchConfig":
         require(self.beam >= 1, "beam", self.beam, ">= 1 (1 = greedy)")
         require(self.alpha >= 0, "alpha", self.alpha, ">= 0 (0 = no length penalty)")
-        require((self.patience == 1.0 or self.stop == Stop.finished) and round(self.beam * self.patience) >= 1,
+        require(hypotheses_to_end(self.beam, self.patience) >= 1 and (self.patience == 1 or self.stop == Stop.finished),
                 "patience", self.patience, f"1.0 unless stop=finished, with round(beam={self.beam} x patience) >= 1")
         require(self.max_extra >= 1, "max_extra", self.max_extra, ">= 1")
         require(0 <= self.min_length <= self.max_extra, "min_length", self.min_length, f"in [0, {self.max_extra}]")
@@ -256,7 +256,7 @@ class DecodeJob(SearchConfig):
         require(valid_device(self.device), "device", self.device, "auto, cpu, cuda or cuda:N")
         require(self.buffer_lines >= 1, "buffer_lines", self.buffer_lines, ">= 1")
         require(self.threads >= 0, "threads", self.threads, ">= 0 (0: torch's default)")
-        most = self.beam if self.stop == Stop.exact else min(self.beam, round(self.beam * self.patience))
+        most = self.beam if self.stop == Stop.exact else min(self.beam, hypotheses_to_end(self.beam, self.patience))
         require(1 <= self.nbest <= most, "nbest", self.nbest, f"in [1, {most}] (beam, or round(beam x patience))")
         self.precision, self.attention = Precision(self.precision), Attention(self.attention)
         return self

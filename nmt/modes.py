@@ -5,6 +5,7 @@ index both keep."""
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 
@@ -52,6 +53,12 @@ class Stop(str, Enum):
     # ((5 + |Y|) / 6)^alpha at the longest allowed output: nothing the beam could still finish scores higher
     finished = "finished"  # fairseq's and CTranslate2's: once round(beam x patience) hypotheses have ended, ranked
     # by log p(Y|X) / |Y|^alpha (|Y| counts the end of sentence); fewer steps, and a live beam might have won
+
+
+def hypotheses_to_end(beam: int, patience: float) -> int:
+    """How many hypotheses end a sentence under Stop.finished: beam x patience rounded half away from zero, as
+    CTranslate2's std::round (Python's round() takes 2.5 to 2)."""
+    return math.floor(beam * patience + 0.5)
 
 
 class Attention(str, Enum):

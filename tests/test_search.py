@@ -265,3 +265,11 @@ def test_few_queries_attend_as_sdpa():
         got = sdpa(q, k, v, None, pad, None, 0.0)
         want = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.zeros(pad.shape).masked_fill(pad, -3.4e38))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_patience_rounds_half_up_as_ctranslate2():
+    """CTranslate2 ends a sentence after std::round(beam x patience) hypotheses: 4 x 0.625 = 2.5 is 3 there (Python's
+    round() says 2)."""
+    from nmt.modes import hypotheses_to_end
+
+    assert hypotheses_to_end(4, 0.625) == 3 and hypotheses_to_end(4, 1.0) == 4 and hypotheses_to_end(4, 0.1) == 0

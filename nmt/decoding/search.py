@@ -14,7 +14,7 @@ from torch import Tensor
 
 from nmt.config import SearchConfig
 from nmt.modeling.transformer import BOS, EOS, PAD
-from nmt.modes import Stop
+from nmt.modes import Stop, hypotheses_to_end
 
 
 def length_penalty(length, alpha: float, stop: Stop = Stop.exact):
@@ -123,7 +123,7 @@ def beam_search_nbest(model, src: Tensor, beam: int = SearchConfig.beam, alpha: 
     k, stop = beam, Stop(stop)
     if not 1 <= nbest <= beam:
         raise ValueError(f"nbest={nbest} must be in [1, beam={beam}]")
-    enough = max(nbest, round(k * patience))  # stop=finished: the hypotheses a sentence ends with
+    enough = max(nbest, hypotheses_to_end(k, patience))  # stop=finished: the hypotheses a sentence ends with
     limit = max_lengths(src, max_extra)  # (B,)
     cache = model.start(model.encode(src), src)
     active = torch.arange(src.shape[0], device=src.device)  # the sentences still decoded, by their row in src

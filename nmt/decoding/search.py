@@ -7,6 +7,7 @@ token per hypothesis and extends the cache (relative attention sees the step thr
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +24,7 @@ def length_penalty(length, alpha: float, stop: Stop = Stop.exact):
     return ((5.0 + length) / 6.0) ** alpha if stop == Stop.exact else length**alpha
 
 
+@functools.cache  # a step's row length is one of a few (beam x vocabulary, or the vocabulary): looked up once each
 def block_size(length: int) -> int:
     """The largest divisor of `length` from 64 to 512 (0: none, or a row too short for blocks to pay)."""
     if length < 16 * 64:
